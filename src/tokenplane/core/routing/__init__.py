@@ -1,0 +1,1 @@
+"""Routing policies: filters, scorers, pickers and whole routers, built through the registry."""

@@ -1,0 +1,1 @@
+"""Workload sources: public trace readers, synthetic arrival processes, agentic users."""

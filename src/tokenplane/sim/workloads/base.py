@@ -1,0 +1,48 @@
+"""What every workload hands the simulator: request specs in arrival order, and follow-ups.
+
+Open-loop sources (traces, Poisson) yield everything from :meth:`Workload.arrivals`; closed-loop
+sources (agentic users who think between steps) also return follow-up requests from
+:meth:`Workload.on_finished`, which the fleet calls when a request completes or fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tokenplane.core.views import WorkflowContext
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One model call as the workload defines it.
+
+    ``block_hashes`` are chained prefix-block ids, one per full block of ``hash_block_tokens`` prompt
+    tokens: two requests share KV for exactly their common leading ids (Mooncake's ``hash_ids``).
+    ``output_tokens`` is what the model will generate; ``max_output_tokens`` what the client
+    asked for (the router only sees the latter).
+    """
+
+    request_id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    block_hashes: tuple[int, ...] = ()
+    hash_block_tokens: int = 512
+    tenant: str = "default"
+    model: str = ""
+    max_output_tokens: int = 0
+    workflow: WorkflowContext | None = None
+
+
+class Workload(Protocol):
+    name: str
+
+    def arrivals(self) -> Iterator[RequestSpec]:
+        """Open-loop requests, in non-decreasing ``arrival_s``; may be lazy and very long."""
+        ...
+
+    def on_finished(self, spec: RequestSpec, finish_s: float, ok: bool) -> Sequence[RequestSpec]:
+        """Follow-up requests caused by ``spec`` ending at ``finish_s`` (arrival >= finish_s)."""
+        ...
