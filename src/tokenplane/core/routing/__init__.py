@@ -1,1 +1,39 @@
-"""Routing policies: filters, scorers, pickers and whole routers, built through the registry."""
+"""Routing policies: filters, scorers, pickers and whole routers, built through the registry.
+
+Importing this package registers every built-in plugin:
+
+* routers: ``round-robin``, ``random``, ``least-requests``, ``least-tokens``, ``power-of-two``,
+  ``prefix-affinity``, ``weighted``;
+* filters: ``ready``, ``kv-below``, ``queue-below``;
+* scorers: ``prefix-overlap``, ``queue-depth``, ``outstanding-tokens``, ``kv-usage``;
+* pickers: ``max-score``, ``random-top``.
+
+:func:`build_router` turns a config slice into a :class:`Router`.
+"""
+
+from tokenplane.core.routing import filters, pickers, scorers  # noqa: F401  (registration)
+from tokenplane.core.routing.base import Filter, Picker, Router, Scorer
+from tokenplane.core.routing.factory import build_router
+from tokenplane.core.routing.least_load import LeastRequestsRouter, LeastTokensRouter
+from tokenplane.core.routing.power_of_two import PowerOfTwoRouter
+from tokenplane.core.routing.prefix_affinity import PrefixAffinityRouter
+from tokenplane.core.routing.prefix_index import PrefixIndex
+from tokenplane.core.routing.random_choice import RandomRouter
+from tokenplane.core.routing.round_robin import RoundRobinRouter
+from tokenplane.core.routing.weighted import WeightedRouter
+
+__all__ = [
+    "Filter",
+    "LeastRequestsRouter",
+    "LeastTokensRouter",
+    "Picker",
+    "PowerOfTwoRouter",
+    "PrefixAffinityRouter",
+    "PrefixIndex",
+    "RandomRouter",
+    "RoundRobinRouter",
+    "Router",
+    "Scorer",
+    "WeightedRouter",
+    "build_router",
+]

@@ -1,0 +1,136 @@
+"""The ``tokenplane`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="tokenplane: an inference control plane and its fleet digital twin.",
+)
+err = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def default_scenario_text() -> str:
+    return resources.files("tokenplane").joinpath("data/default-scenario.yaml").read_text()
+
+
+@app.command()
+def simulate(
+    scenario: Annotated[
+        Path | None, typer.Argument(help="Scenario YAML; the embedded default scenario when omitted.")
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder for report.json and plots.")] = Path("out"),
+    policy: Annotated[
+        str | None, typer.Option("--policy", help="Run only the first run, routed by this policy.")
+    ] = None,
+    run: Annotated[list[str] | None, typer.Option("--run", help="Only the named run(s).")] = None,
+    traces: Annotated[
+        Path | None, typer.Option("--traces", help="Public traces folder (default ../shared/traces).")
+    ] = None,
+    plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
+    progress: Annotated[bool | None, typer.Option(help="Show a progress bar (default: on a TTY).")] = None,
+) -> None:
+    """Simulate a scenario in virtual time and write DIR/report.json, plots and a summary table."""
+    from tokenplane.core.errors import InvalidPolicyConfig
+    from tokenplane.sim.catalog import CatalogError, UnknownHardware
+    from tokenplane.sim.plots import RunData, plot_runs
+    from tokenplane.sim.progress import progress_bar
+    from tokenplane.sim.report import print_summary, write_report
+    from tokenplane.sim.runner import run_scenario
+    from tokenplane.sim.scenario import ScenarioError, load_scenario, parse_scenario, with_policy
+    from tokenplane.sim.workloads.traces import TraceNotFound
+
+    try:
+        if scenario is None:
+            sc = parse_scenario(yaml.safe_load(default_scenario_text()), source="<embedded default>")
+        else:
+            sc = load_scenario(scenario)
+        if policy:
+            sc = with_policy(sc, policy)
+        if run:
+            unknown = set(run) - {r.name for r in sc.runs}
+            if unknown:
+                _fail(f"unknown run(s) {sorted(unknown)}; scenario has {[r.name for r in sc.runs]}")
+            sc = sc.model_copy(update={"runs": [r for r in sc.runs if r.name in run]})
+    except ScenarioError as exc:
+        _fail(str(exc))
+        return
+    show = sys.stderr.isatty() if progress is None else progress
+    console = Console()
+    console.print(f"[bold]{sc.name}[/]: {len(sc.runs)} run(s)" + (f" — {sc.description}" if sc.description else ""))
+
+    bars: list[Any] = []
+
+    def make_progress(name: str) -> Any:
+        if not show:
+            return None
+        cm = progress_bar(None, True, description=name)
+        bar = cm.__enter__()
+        bars.append(cm)
+        return bar.update
+
+    try:
+        outcomes = run_scenario(sc, traces=traces, progress=make_progress)
+    except (InvalidPolicyConfig, UnknownHardware, CatalogError, TraceNotFound, ValueError) as exc:
+        _fail(str(exc))
+        return
+    finally:
+        for cm in bars:
+            cm.__exit__(None, None, None)
+    runs = {name: o.report for name, o in outcomes.items()}
+    path = write_report(out, runs, scenario={"name": sc.name, "source": sc.source})
+    print_summary(runs, console)
+    if plots:
+        files = plot_runs(
+            out, {name: RunData(o.result.records, o.result.instances, o.report) for name, o in outcomes.items()}
+        )
+        console.print(f"plots: {', '.join(str(f) for f in files)}")
+    console.print(f"report: {path}")
+
+
+@app.command()
+def validate(
+    measurements: Annotated[
+        list[Path] | None,
+        typer.Option("--measurements", help="A vLLM run folder (requests.jsonl, meta.json); repeatable."),
+    ] = None,
+    traces: Annotated[Path | None, typer.Option("--traces", help="Public traces folder.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Replay real vLLM runs in the twin and compare simulated with measured TTFT and TPOT."""
+    from tokenplane.sim.validation import ValidationError, print_validation, validate_runs
+
+    try:
+        results = validate_runs(measurements, traces=traces)
+    except ValidationError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        typer.echo(json.dumps({"runs": results}, indent=2, sort_keys=True))
+    else:
+        print_validation(results, Console())
+
+
+@app.command("scenario-schema")
+def scenario_schema() -> None:
+    """Print the embedded default scenario, a starting point for your own."""
+    typer.echo(default_scenario_text())
+
+
+def main() -> None:  # pragma: no cover
+    app()

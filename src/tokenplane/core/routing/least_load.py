@@ -1,0 +1,100 @@
+"""Least-requests and least-tokens: send each request to the usable instance with the least work.
+
+Algorithm: one pass over the candidates keeps the usable instance with the smallest
+``outstanding_requests`` ("least-requests") or ``outstanding_tokens`` ("least-tokens"), the control
+plane's own count of work sent and not yet finished. Ties go to the lowest candidate index (the
+first one seen), which is deterministic and needs no state; since the shell's accounting rises as
+soon as a request is routed, the next request sees the new count and ties do not herd.
+
+Params: none.
+
+Cost: one tight pass over the candidates per ``select`` (the ready/healthy check is folded into the
+same pass and only evaluated for a new minimum); no allocation besides the decision. No state.
+
+How it fails: if the shell's counts lag (a view built before the previous request was counted),
+bursts of simultaneous requests all pick the same minimum and herd onto it; power-of-two is the
+usual cure. Outstanding requests treat a 10-token and a 10k-token request alike (least-tokens
+weighs by size but ignores prefill/decode cost differences and cache hits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tokenplane.core.registry import BuildContext, register
+from tokenplane.core.routing._params import no_params
+from tokenplane.core.routing.candidates import NO_CANDIDATES
+from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, RouteDecision, RouteReason
+
+
+def least_requests(candidates: Sequence[InstanceView]) -> InstanceView | None:
+    """The usable candidate with the fewest outstanding requests (first on ties), or None."""
+    best: InstanceView | None = None
+    best_load = 0
+    for view in candidates:
+        load = view.outstanding_requests
+        if (best is None or load < best_load) and view.ready and view.healthy:
+            best = view
+            best_load = load
+    return best
+
+
+def least_tokens(candidates: Sequence[InstanceView]) -> InstanceView | None:
+    """The usable candidate with the fewest outstanding tokens (first on ties), or None."""
+    best: InstanceView | None = None
+    best_load = 0
+    for view in candidates:
+        load = view.outstanding_tokens
+        if (best is None or load < best_load) and view.ready and view.healthy:
+            best = view
+            best_load = load
+    return best
+
+
+class LeastRequestsRouter:
+    name = "least-requests"
+
+    def select(
+        self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float
+    ) -> RouteDecision:
+        best = least_requests(candidates)
+        if best is None:
+            return NO_CANDIDATES
+        return RouteDecision(best.instance_id, RouteReason.LEAST_REQUESTS)
+
+    def on_routed(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
+        pass
+
+    def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
+        pass
+
+
+class LeastTokensRouter:
+    name = "least-tokens"
+
+    def select(
+        self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float
+    ) -> RouteDecision:
+        best = least_tokens(candidates)
+        if best is None:
+            return NO_CANDIDATES
+        return RouteDecision(best.instance_id, RouteReason.LEAST_TOKENS)
+
+    def on_routed(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
+        pass
+
+    def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
+        pass
+
+
+@register("router", "least-requests")
+def _build_requests(params: Mapping[str, Any], ctx: BuildContext) -> LeastRequestsRouter:
+    no_params("router 'least-requests'", params)
+    return LeastRequestsRouter()
+
+
+@register("router", "least-tokens")
+def _build_tokens(params: Mapping[str, Any], ctx: BuildContext) -> LeastTokensRouter:
+    no_params("router 'least-tokens'", params)
+    return LeastTokensRouter()

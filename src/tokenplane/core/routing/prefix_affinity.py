@@ -1,0 +1,154 @@
+"""Prefix affinity: send a request where its prompt prefix is probably cached, unless load is skewed.
+
+In the style of SGLang's cache-aware router (sgl-router), over the shared :class:`PrefixIndex`.
+
+Algorithm, per request over the usable candidates:
+
+1. Load check. With ``load`` = ``outstanding_requests``, if ``max − min > balance_abs_threshold`` and
+   ``max > min × balance_rel_threshold`` the fleet is imbalanced: route to the least-loaded instance
+   (reason ``LOAD_IMBALANCE``), ignoring the cache.
+2. Match. Walk the request's ``block_hashes`` through the index; an instance's match ratio is
+   matched blocks / ``len(block_hashes)``. If the best ratio exceeds ``cache_threshold``, route to the
+   best-matching instance, ties → fewer outstanding requests, then lowest index (``PREFIX_MATCH``).
+3. Miss. Otherwise route to the least-loaded instance, ties → lowest index
+   (``PREFIX_MISS_LEAST_LOADED``). SGLang picks the instance with the smallest tree instead; we pick
+   by outstanding requests because that is the current signal (tree size is history, and with a
+   bounded, evicting index every busy instance's tree converges to the bound anyway).
+
+``on_routed`` inserts the request's chain for the chosen instance with last-access ``now``;
+``select`` only reads the index. ``on_finished`` does nothing: a finished request's prefix stays in
+the engine's cache, which is the point. ``forget(instance_id)`` drops an instance's entries (call it
+when an instance is removed or restarted).
+
+Params:
+
+* ``cache_threshold`` (float in [0, 1], default 0.5): minimum match ratio, strictly exceeded.
+* ``balance_abs_threshold`` (number >= 0, default 32): absolute outstanding-request gap.
+* ``balance_rel_threshold`` (number >= 1, default 1.5): relative gap (max > min × this).
+* ``max_blocks_per_instance`` (int >= 1, default 200_000): index bound per instance; LRU eviction,
+  leaves first (see :mod:`~tokenplane.core.routing.prefix_index`).
+
+Cost: ``select`` is one pass over the candidates for the load check, a walk of the request's matched
+blocks, and (only when something matched) a second pass reading each candidate's depth from a dict;
+``on_routed`` O(len(block_hashes)). Memory O(instances × ``max_blocks_per_instance``).
+
+How it fails: the index records routing, not engine caches, so it drifts when engines evict
+differently or restart (bounded by its own eviction, and by ``forget``). A popular prefix pins
+traffic to one instance until the imbalance thresholds trip, so thresholds too loose give hot spots
+and too tight throw away cache hits. Requests with no full block (empty ``block_hashes``) always miss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tokenplane.core.registry import BuildContext, register
+from tokenplane.core.routing._params import ParamReader
+from tokenplane.core.routing.candidates import NO_CANDIDATES
+from tokenplane.core.routing.prefix_index import DEFAULT_MAX_BLOCKS_PER_INSTANCE, PrefixIndex
+from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, RouteDecision, RouteReason
+
+DEFAULT_CACHE_THRESHOLD = 0.5
+DEFAULT_BALANCE_ABS_THRESHOLD = 32.0
+DEFAULT_BALANCE_REL_THRESHOLD = 1.5
+
+
+class PrefixAffinityRouter:
+    name = "prefix-affinity"
+
+    def __init__(
+        self,
+        *,
+        cache_threshold: float = DEFAULT_CACHE_THRESHOLD,
+        balance_abs_threshold: float = DEFAULT_BALANCE_ABS_THRESHOLD,
+        balance_rel_threshold: float = DEFAULT_BALANCE_REL_THRESHOLD,
+        max_blocks_per_instance: int = DEFAULT_MAX_BLOCKS_PER_INSTANCE,
+    ) -> None:
+        if not 0.0 <= cache_threshold <= 1.0:
+            raise ValueError(f"cache_threshold must be in [0, 1], got {cache_threshold}")
+        if balance_abs_threshold < 0:
+            raise ValueError(f"balance_abs_threshold must be >= 0, got {balance_abs_threshold}")
+        if balance_rel_threshold < 1.0:
+            raise ValueError(f"balance_rel_threshold must be >= 1, got {balance_rel_threshold}")
+        self.cache_threshold = cache_threshold
+        self.balance_abs_threshold = balance_abs_threshold
+        self.balance_rel_threshold = balance_rel_threshold
+        self.index = PrefixIndex(max_blocks_per_instance)
+
+    def select(
+        self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float
+    ) -> RouteDecision:
+        least: InstanceView | None = None
+        min_load = max_load = 0
+        for view in candidates:
+            if not (view.ready and view.healthy):
+                continue
+            load = view.outstanding_requests
+            if least is None:
+                least = view
+                min_load = max_load = load
+            elif load < min_load:
+                least = view
+                min_load = load
+            elif load > max_load:
+                max_load = load
+        if least is None:
+            return NO_CANDIDATES
+        if (
+            max_load - min_load > self.balance_abs_threshold
+            and max_load > min_load * self.balance_rel_threshold
+        ):
+            return RouteDecision(least.instance_id, RouteReason.LOAD_IMBALANCE)
+
+        hashes = request.block_hashes
+        depths = self.index.match(hashes) if hashes else None
+        if depths:
+            best: InstanceView | None = None
+            best_depth = 0
+            best_load = 0
+            get = depths.get
+            for view in candidates:
+                depth = get(view.instance_id, 0)
+                if depth == 0 or depth < best_depth or not (view.ready and view.healthy):
+                    continue
+                load = view.outstanding_requests
+                if depth > best_depth or load < best_load:
+                    best = view
+                    best_depth = depth
+                    best_load = load
+            if best is not None and best_depth / len(hashes) > self.cache_threshold:
+                return RouteDecision(best.instance_id, RouteReason.PREFIX_MATCH)
+        return RouteDecision(least.instance_id, RouteReason.PREFIX_MISS_LEAST_LOADED)
+
+    def on_routed(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
+        self.index.insert(instance_id, request.block_hashes, now)
+
+    def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
+        pass
+
+    def forget(self, instance_id: InstanceId) -> None:
+        self.index.forget(instance_id)
+
+
+@register("router", "prefix-affinity")
+def _build(params: Mapping[str, Any], ctx: BuildContext) -> PrefixAffinityRouter:
+    reader = ParamReader(
+        "router 'prefix-affinity'",
+        params,
+        ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold", "max_blocks_per_instance"),
+    )
+    return PrefixAffinityRouter(
+        cache_threshold=reader.float_(
+            "cache_threshold", DEFAULT_CACHE_THRESHOLD, min_value=0.0, max_value=1.0
+        ),
+        balance_abs_threshold=reader.float_(
+            "balance_abs_threshold", DEFAULT_BALANCE_ABS_THRESHOLD, min_value=0.0
+        ),
+        balance_rel_threshold=reader.float_(
+            "balance_rel_threshold", DEFAULT_BALANCE_REL_THRESHOLD, min_value=1.0
+        ),
+        max_blocks_per_instance=reader.int_(
+            "max_blocks_per_instance", DEFAULT_MAX_BLOCKS_PER_INSTANCE, min_value=1
+        ),
+    )

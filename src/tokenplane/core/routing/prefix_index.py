@@ -1,0 +1,171 @@
+"""An approximate, bounded index of which instance has recently seen which prompt prefix.
+
+This is the flattened form of SGLang's cache-aware radix tree (sgl-router). Prompt blocks arrive as
+a chain of hashes in which each hash covers every token before it, so a hash names a whole prefix and
+the tree needs no explicit edges: a dict ``hash -> set of instances that hold it`` is the tree, and
+the longest cached prefix of a request on an instance is how far one can walk the request's chain
+while that instance is among the holders.
+
+Structures:
+
+* ``_holders: dict[hash, set[InstanceId]]`` — the shared "tree", one entry per distinct block.
+* ``_lru: dict[InstanceId, OrderedDict[hash, last_access]]`` — per instance, its blocks in
+  least-recently-used order, with the ``now`` of the last request routed there that touched each.
+
+Insertion (``insert``, called from a router's ``on_routed``) touches a request's blocks *deepest
+first*, so every prefix is touched after its extensions: in each instance's LRU order a block is
+never older than any block below it. Evicting from the LRU end (when an instance holds more than
+``max_blocks_per_instance`` blocks) therefore always removes leaves first, and the set each instance
+holds stays prefix-closed. A request longer than the bound is indexed by its first
+``max_blocks_per_instance`` blocks only.
+
+Matching (``match``) walks the request's chain with one dict lookup per block. Because holder sets
+are prefix-closed they can only shrink along a chain, so an unchanged set size means an unchanged
+set and the step costs O(1); only the steps where instances drop out cost O(instances dropped). The
+cost is proportional to the matched depth plus the number of matching instances, never to
+fleet size × blocks.
+
+Cost: ``match`` O(depth + matched instances); ``insert`` O(len(chain) + evicted); memory
+O(instances × ``max_blocks_per_instance``).
+
+How it fails: it is approximate by design. It records where requests were *sent*, not what the
+engines actually keep, so an engine that evicted a prefix still counts as holding it until this
+index evicts it too; a restarted instance should be ``forget``-ed. A hash collision between two
+chains (negligible for 64-bit hashes) could make a match a little too long or too short, never
+raise.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from tokenplane.core.views import InstanceId
+
+DEFAULT_MAX_BLOCKS_PER_INSTANCE = 200_000
+
+
+class PrefixIndex:
+    def __init__(self, max_blocks_per_instance: int = DEFAULT_MAX_BLOCKS_PER_INSTANCE) -> None:
+        if isinstance(max_blocks_per_instance, bool) or not isinstance(max_blocks_per_instance, int):
+            raise TypeError("max_blocks_per_instance must be an integer")
+        if max_blocks_per_instance < 1:
+            raise ValueError(f"max_blocks_per_instance must be >= 1, got {max_blocks_per_instance}")
+        self.max_blocks_per_instance = max_blocks_per_instance
+        self._holders: dict[int, set[InstanceId]] = {}
+        self._lru: dict[InstanceId, OrderedDict[int, float]] = {}
+
+    # -- reads (never change state) ------------------------------------------------------------
+
+    def match(self, block_hashes: Sequence[int]) -> dict[InstanceId, int]:
+        """Matched prefix depth (in blocks, >= 1) per instance holding at least the first block."""
+        depths: dict[InstanceId, int] = {}
+        n = len(block_hashes)
+        if n == 0:
+            return depths
+        get = self._holders.get
+        first = get(block_hashes[0])
+        if not first:
+            return depths
+        last = get(block_hashes[n - 1]) if n > 1 else first
+        if last is not None and len(last) == len(first):
+            for iid in first:  # the common case of one holder set all the way down
+                depths[iid] = n
+            return depths
+        # Holder sets are nested along a chain (see the module docstring), so the set size is
+        # non-increasing with depth and equal sizes at both ends of a span mean one set throughout:
+        # bisect only the spans whose ends differ. Each pair (k, k + 1) of adjacent blocks with
+        # different holders gives the depth k + 1 of the instances that drop out there.
+        stack = [(0, first, n - 1, last)]
+        while stack:
+            lo, lo_set, hi, hi_set = stack.pop()
+            hi_len = 0 if hi_set is None else len(hi_set)
+            if len(lo_set) == hi_len:
+                continue
+            if hi == lo + 1:
+                for iid in lo_set:
+                    if hi_set is None or iid not in hi_set:
+                        depths[iid] = hi
+                continue
+            mid = (lo + hi) // 2
+            mid_set = get(block_hashes[mid])
+            if mid_set is None:
+                stack.append((lo, lo_set, mid, None))
+            else:
+                stack.append((mid, mid_set, hi, hi_set))
+                stack.append((lo, lo_set, mid, mid_set))
+        if last is not None:
+            for iid in last:
+                depths[iid] = n
+        return depths
+
+    def matched_depth(self, block_hashes: Sequence[int], instance_id: InstanceId) -> int:
+        """The matched prefix depth of one instance (0 when it holds none)."""
+        lru = self._lru.get(instance_id)
+        if lru is None:
+            return 0
+        depth = 0
+        for h in block_hashes:
+            if h not in lru:
+                break
+            depth += 1
+        return depth
+
+    def blocks_held(self, instance_id: InstanceId) -> int:
+        lru = self._lru.get(instance_id)
+        return 0 if lru is None else len(lru)
+
+    @property
+    def instances(self) -> list[InstanceId]:
+        return list(self._lru)
+
+    def __len__(self) -> int:
+        """Distinct blocks held by at least one instance."""
+        return len(self._holders)
+
+    def snapshot(self) -> dict[InstanceId, tuple[tuple[int, float], ...]]:
+        """Each instance's ``(hash, last_access)`` pairs in LRU order (oldest first); for tests."""
+        return {iid: tuple(lru.items()) for iid, lru in self._lru.items()}
+
+    # -- writes (called from on_routed / forget) -----------------------------------------------
+
+    def insert(self, instance_id: InstanceId, block_hashes: Sequence[int], now: float) -> None:
+        """Record that a request with this chain was routed to ``instance_id`` at ``now``."""
+        if not block_hashes:
+            return
+        cap = self.max_blocks_per_instance
+        if len(block_hashes) > cap:
+            block_hashes = block_hashes[:cap]
+        lru = self._lru.get(instance_id)
+        if lru is None:
+            lru = self._lru[instance_id] = OrderedDict()
+        holders = self._holders
+        for h in reversed(block_hashes):  # deepest first: each prefix ends up newer than its extensions
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                owners = holders.get(h)
+                if owners is None:
+                    holders[h] = {instance_id}
+                else:
+                    owners.add(instance_id)
+            lru[h] = now
+        while len(lru) > cap:
+            old, _ = lru.popitem(last=False)
+            self._drop_holder(old, instance_id)
+
+    def forget(self, instance_id: InstanceId) -> None:
+        """Drop everything recorded for an instance (removed, restarted or drained)."""
+        lru = self._lru.pop(instance_id, None)
+        if lru is None:
+            return
+        for h in lru:
+            self._drop_holder(h, instance_id)
+
+    def _drop_holder(self, block: int, instance_id: InstanceId) -> None:
+        owners = self._holders.get(block)
+        if owners is None:
+            return
+        owners.discard(instance_id)
+        if not owners:
+            del self._holders[block]

@@ -1,0 +1,111 @@
+"""Scorers for weighted profiles (kind ``scorer``): a score in [0, 1] per candidate, higher is better.
+
+Every score is clamped to [0, 1] (NaN counts as 0, the worst), so a bad report from one instance
+cannot dominate a profile's weighted sum. Results are lists aligned with the candidates.
+
+* ``prefix-overlap``: matched prefix blocks / ``len(block_hashes)``, read from a
+  :class:`~tokenplane.core.routing.prefix_index.PrefixIndex` (the same structure prefix-affinity
+  uses). The weighted router owns the index, binds it here at build time and updates it in its
+  ``on_routed``; a scorer built on its own gets a private, empty index. 0 for every candidate when
+  the request has no full block. Cost: the index walk plus one dict read per candidate.
+* ``queue-depth``: ``1 − (waiting + running) / max`` over the candidates; 1 for all when the max is 0.
+* ``outstanding-tokens``: ``1 − outstanding_tokens / max`` over the candidates; 1 for all when 0.
+* ``kv-usage``: ``1 − kv_usage``.
+
+None takes params. Relative scorers (queue-depth, outstanding-tokens) are normalised by the current
+maximum, so they rank well but say nothing absolute: one idle instance among saturated ones scores 1
+just like an idle instance in an idle fleet. Cost: one pass over the candidates each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from tokenplane.core.registry import BuildContext, register
+from tokenplane.core.routing._params import no_params
+from tokenplane.core.routing.prefix_index import PrefixIndex
+from tokenplane.core.views import InstanceView, RequestInfo
+
+
+@runtime_checkable
+class PrefixIndexConsumer(Protocol):
+    """A scorer that reads a prefix index its router owns and keeps up to date."""
+
+    def bind_prefix_index(self, index: PrefixIndex) -> None: ...
+
+
+class PrefixOverlapScorer:
+    name = "prefix-overlap"
+
+    def __init__(self, index: PrefixIndex | None = None) -> None:
+        self.index = index if index is not None else PrefixIndex()
+
+    def bind_prefix_index(self, index: PrefixIndex) -> None:
+        self.index = index
+
+    def score(self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float) -> list[float]:
+        hashes = request.block_hashes
+        depths = self.index.match(hashes) if hashes else None
+        if not depths:
+            return [0.0] * len(candidates)
+        total = len(hashes)
+        get = depths.get
+        return [get(v.instance_id, 0) / total for v in candidates]
+
+
+def _relative(loads: list[int]) -> list[float]:
+    top = max(loads, default=0)
+    if top <= 0:
+        return [1.0] * len(loads)
+    # load / top <= 1 exactly when load <= top (division is correctly rounded), so >= 0 needs no clamp
+    return [1.0 if load <= 0 else 1.0 - load / top for load in loads]
+
+
+class QueueDepthScorer:
+    name = "queue-depth"
+
+    def score(self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float) -> list[float]:
+        return _relative([v.waiting + v.running for v in candidates])
+
+
+class OutstandingTokensScorer:
+    name = "outstanding-tokens"
+
+    def score(self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float) -> list[float]:
+        return _relative([v.outstanding_tokens for v in candidates])
+
+
+class KvUsageScorer:
+    name = "kv-usage"
+
+    def score(self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float) -> list[float]:
+        out = []
+        for v in candidates:
+            s = 1.0 - v.kv_usage
+            out.append(s if 0.0 <= s <= 1.0 else (1.0 if s > 1.0 else 0.0))  # NaN -> 0
+        return out
+
+
+@register("scorer", "prefix-overlap")
+def _build_prefix(params: Mapping[str, Any], ctx: BuildContext) -> PrefixOverlapScorer:
+    no_params("scorer 'prefix-overlap'", params)
+    return PrefixOverlapScorer()
+
+
+@register("scorer", "queue-depth")
+def _build_queue(params: Mapping[str, Any], ctx: BuildContext) -> QueueDepthScorer:
+    no_params("scorer 'queue-depth'", params)
+    return QueueDepthScorer()
+
+
+@register("scorer", "outstanding-tokens")
+def _build_tokens(params: Mapping[str, Any], ctx: BuildContext) -> OutstandingTokensScorer:
+    no_params("scorer 'outstanding-tokens'", params)
+    return OutstandingTokensScorer()
+
+
+@register("scorer", "kv-usage")
+def _build_kv(params: Mapping[str, Any], ctx: BuildContext) -> KvUsageScorer:
+    no_params("scorer 'kv-usage'", params)
+    return KvUsageScorer()

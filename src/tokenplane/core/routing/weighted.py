@@ -1,0 +1,173 @@
+"""Weighted: a scoring profile in the llm-d endpoint-picker style (filters → scorers → picker).
+
+Algorithm, per request: drop unusable (not ready / not healthy) instances, apply the profile's
+filters in order, let each scorer score every remaining candidate in [0, 1], sum the scores
+weighted by each scorer's ``weight``, and let the picker choose. Reason ``WEIGHTED_SCORE``; an
+empty list after filtering is ``NO_CANDIDATES``. The totals are divided by the sum of the weights, so
+they too lie in [0, 1] (the division does not change the ranking); with ``record_scores`` the
+decision carries them as ``{instance_id: total}``.
+
+Params::
+
+    filters: [ready | kv-below | queue-below, ...]    # names or {name, params}; default none
+    scorers: [{name, weight, params}, ...]            # default prefix-overlap×2, queue-depth, kv-usage
+    picker: max-score | {name: random-top, params: {top_k: 3}}   # default max-score
+    max_blocks_per_instance: 200000                   # bound of the shared prefix index
+    record_scores: false                              # attach per-instance totals to decisions
+
+Weights are numbers >= 0 (default 1; 0 disables a scorer). The router owns one
+:class:`~tokenplane.core.routing.prefix_index.PrefixIndex`, binds it to every scorer that reads one
+(``prefix-overlap``) and updates it in ``on_routed`` — only if some scorer reads it. ``select`` never
+changes it; ``forget(instance_id)`` drops an instance's entries.
+
+Cost: the sum of the filters' and scorers' passes (each O(candidates), plus the prefix walk), one list
+of totals per scorer, and a dict only with ``record_scores``. Several times the cost of a least-load
+pass; use it where the better choice pays for that.
+
+How it fails: as well as its parts do. Scores mix absolute (kv-usage, prefix-overlap) and relative
+(queue-depth, outstanding-tokens) signals, so weights tuned on one fleet size may not carry over; the
+reported signals lag, and a strict ``max-score`` picker herds on stale scores (use ``random-top``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tokenplane.core.errors import InvalidPolicyConfig
+from tokenplane.core.registry import BuildContext, PluginSpec, build, register
+from tokenplane.core.routing._params import ParamReader
+from tokenplane.core.routing.base import Filter, Picker, Scorer
+from tokenplane.core.routing.candidates import NO_CANDIDATES, usable
+from tokenplane.core.routing.pickers import MaxScorePicker
+from tokenplane.core.routing.prefix_index import DEFAULT_MAX_BLOCKS_PER_INSTANCE, PrefixIndex
+from tokenplane.core.routing.scorers import PrefixIndexConsumer
+from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, RouteDecision, RouteReason
+
+DEFAULT_SCORERS: tuple[Mapping[str, Any], ...] = (
+    {"name": "prefix-overlap", "weight": 2.0},
+    {"name": "queue-depth", "weight": 1.0},
+    {"name": "kv-usage", "weight": 1.0},
+)
+DEFAULT_PICKER = "max-score"
+_OWNER = "router 'weighted'"
+
+
+class WeightedRouter:
+    name = "weighted"
+
+    def __init__(
+        self,
+        *,
+        scorers: Sequence[tuple[Scorer, float]],
+        filters: Sequence[Filter] = (),
+        picker: Picker | None = None,
+        max_blocks_per_instance: int = DEFAULT_MAX_BLOCKS_PER_INSTANCE,
+        record_scores: bool = False,
+    ) -> None:
+        for scorer, weight in scorers:
+            if not weight >= 0:
+                raise ValueError(f"scorer {scorer.name!r}: weight must be >= 0, got {weight}")
+        self.filters = tuple(filters)
+        self.scorers = tuple((s, float(w)) for s, w in scorers if w > 0)
+        self.picker: Picker = picker if picker is not None else MaxScorePicker()
+        self.record_scores = record_scores
+        self.index = PrefixIndex(max_blocks_per_instance)
+        self._uses_index = False
+        for scorer, _ in self.scorers:
+            if isinstance(scorer, PrefixIndexConsumer):
+                scorer.bind_prefix_index(self.index)
+                self._uses_index = True
+        weight_sum = 0.0
+        for _, weight in self.scorers:  # same order as the totals, so a total never exceeds it
+            weight_sum += weight
+        self._weight_sum = weight_sum
+
+    def select(
+        self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float
+    ) -> RouteDecision:
+        pool = usable(candidates)
+        for f in self.filters:
+            if not pool:
+                break
+            pool = f.filter(request, pool, now=now)
+        if not pool:
+            return NO_CANDIDATES
+        totals: list[float] | None = None
+        for scorer, weight in self.scorers:
+            scores = scorer.score(request, pool, now=now)
+            if totals is None:
+                totals = [weight * s for s in scores]
+            else:
+                totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+        if totals is None:
+            totals = [0.0] * len(pool)
+        chosen = pool[self.picker.pick(totals)].instance_id
+        if not self.record_scores:
+            return RouteDecision(chosen, RouteReason.WEIGHTED_SCORE)
+        ws = self._weight_sum
+        recorded = {v.instance_id: (t / ws if ws > 0 else 0.0) for v, t in zip(pool, totals, strict=True)}
+        return RouteDecision(chosen, RouteReason.WEIGHTED_SCORE, scores=recorded)
+
+    def on_routed(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
+        if self._uses_index:
+            self.index.insert(instance_id, request.block_hashes, now)
+
+    def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
+        pass
+
+    def forget(self, instance_id: InstanceId) -> None:
+        self.index.forget(instance_id)
+
+
+def _as_list(value: Any, key: str) -> list[Any]:
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise InvalidPolicyConfig(f"{_OWNER}: param {key!r} must be a list, got {value!r}")
+    return list(value)
+
+
+def _build_part(raw: Any, kind: str, ctx: BuildContext) -> Any:
+    try:
+        spec = PluginSpec.parse(raw, default_kind=kind)
+        if spec.kind != kind:
+            raise InvalidPolicyConfig(f"expected a {kind}, got kind {spec.kind!r} in {raw!r}")
+        return build(spec, ctx)
+    except InvalidPolicyConfig as exc:
+        raise InvalidPolicyConfig(f"{_OWNER}: {exc}") from exc
+
+
+def _weight(item: Mapping[str, Any]) -> float:
+    weight = item.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
+        raise InvalidPolicyConfig(
+            f"{_OWNER}: scorer {item.get('name')!r}: weight must be a number >= 0, got {weight!r}"
+        )
+    return float(weight)
+
+
+@register("router", "weighted")
+def _build(params: Mapping[str, Any], ctx: BuildContext) -> WeightedRouter:
+    reader = ParamReader(
+        _OWNER, params, ("filters", "scorers", "picker", "max_blocks_per_instance", "record_scores")
+    )
+    filters = [_build_part(f, "filter", ctx) for f in _as_list(reader.raw("filters", []), "filters")]
+    scorer_items = _as_list(reader.raw("scorers", DEFAULT_SCORERS), "scorers")
+    if not scorer_items:
+        raise InvalidPolicyConfig(f"{_OWNER}: param 'scorers' must name at least one scorer")
+    scorers: list[tuple[Scorer, float]] = []
+    for item in scorer_items:
+        if isinstance(item, Mapping):
+            rest = {k: v for k, v in item.items() if k != "weight"}
+            scorers.append((_build_part(rest, "scorer", ctx), _weight(item)))
+        else:
+            scorers.append((_build_part(item, "scorer", ctx), 1.0))
+    picker = _build_part(reader.raw("picker", DEFAULT_PICKER), "picker", ctx)
+    return WeightedRouter(
+        scorers=scorers,
+        filters=filters,
+        picker=picker,
+        max_blocks_per_instance=reader.int_(
+            "max_blocks_per_instance", DEFAULT_MAX_BLOCKS_PER_INSTANCE, min_value=1
+        ),
+        record_scores=reader.bool_("record_scores", False),
+    )

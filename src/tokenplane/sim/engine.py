@@ -1,0 +1,467 @@
+"""A vLLM-like serving instance in virtual time: continuous batching over a paged KV cache.
+
+Each engine step batches one token for every decoding sequence plus prefill chunks, under
+``max_num_seqs`` sequences and ``max_num_batched_tokens`` tokens (chunked prefill). A waiting
+request is admitted FCFS when a slot, token budget and KV blocks are free; its prompt's leading
+cached blocks are reused (prefix caching), so only the rest is prefilled. When a decode step needs
+a block and none is free, the newest running sequence is preempted and later recomputed (vLLM's
+recompute preemption). Step time comes from a :class:`StepTimeModel`.
+
+Speed: simulated time must not cost wall time per token. While the batch is only decoding, its
+composition cannot change until the next sequence finishes, the KV cache runs out or a request
+arrives, so the engine plans the whole run of ``k`` steps at once: step ``j`` costs
+``A + B * (C + j * n)`` (``n`` decoders, ``C`` tokens of context), which sums in closed form, and
+the blocks the run allocates are counted per residue class of context length modulo the block
+size. An arrival interrupts a run at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from tokenplane.core.views import InstanceView, RequestInfo
+from tokenplane.sim.kvcache import KVCache
+from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
+from tokenplane.sim.workloads.base import RequestSpec
+
+
+class StepTimes(Protocol):
+    decode_kv_s_per_token: float
+    prefill_s_per_pair: float
+
+    def linear_time(self, num_tokens: int) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    kv_capacity_tokens: int = 400_000
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None
+    static_batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if min(self.max_num_seqs, self.max_num_batched_tokens, self.block_size, self.kv_capacity_tokens) <= 0:
+            raise ValueError("engine limits must be positive")
+
+
+WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
+
+
+class Seq:
+    """One request inside an engine; mutable, private to the simulator."""
+
+    __slots__ = (
+        "computed",
+        "ctx0",
+        "epoch",
+        "finish_step",
+        "generated",
+        "hashes",
+        "held",
+        "info",
+        "nbh",
+        "hblock",
+        "private",
+        "prompt",
+        "record",
+        "residue",
+        "spec",
+        "state",
+        "step0",
+        "uid",
+    )
+
+    def __init__(self, uid: int, spec: RequestSpec, info: RequestInfo, record: RequestRecord, bs: int) -> None:
+        self.uid = uid
+        self.spec = spec
+        self.info = info
+        self.record = record
+        self.prompt = spec.prompt_tokens
+        hb = spec.hash_block_tokens
+        usable = bool(spec.block_hashes) and hb >= bs and hb % bs == 0
+        self.hashes = spec.block_hashes if usable else ()
+        self.hblock = hb if usable else 1
+        self.nbh = hb // bs if usable else 0
+        self.computed = 0
+        self.generated = 0
+        self.held = 0
+        self.private = 0
+        self.state = WAITING
+        self.epoch = 0
+        self.step0 = 0
+        self.ctx0 = 0
+        self.finish_step = 0
+        self.residue = 0
+
+
+FinishFn = Callable[[Seq, float], None]
+ScheduleFn = Callable[[float, Callable[[float, object], None], object], None]
+
+
+class ContinuousEngine:
+    """One instance: owns its queue, batch and KV cache; the fleet drives it through events."""
+
+    def __init__(
+        self,
+        instance_id: str,
+        config: EngineConfig,
+        step_times: StepTimes,
+        *,
+        schedule: ScheduleFn,
+        on_finish: FinishFn,
+        record: InstanceRecord,
+        tbt: TbtHistogram,
+    ) -> None:
+        self.id = instance_id
+        self.cfg = config
+        self.model = step_times
+        self.bs = config.block_size
+        self.kv = KVCache(
+            max(1, config.kv_capacity_tokens // config.block_size),
+            config.block_size,
+            prefix_caching=config.enable_prefix_caching,
+        )
+        self._schedule = schedule
+        self._on_finish = on_finish
+        self.record = record
+        self.tbt = tbt
+        self.waiting: deque[Seq] = deque()
+        self.running: dict[int, Seq] = {}  # admission order; newest last
+        self.prefilling: dict[int, Seq] = {}
+        self.dec_heap: list[tuple[int, int, int, Seq]] = []
+        self.residues = [0] * self.bs
+        self.n_dec = 0
+        self.sum_ctx = 0
+        self.dsteps = 0
+        self.outstanding_tokens = 0
+        self.version = 0
+        self.busy = False
+        self.busy_since = 0.0
+        # the step or run in flight
+        self._batch: list[tuple[Seq, int]] = []
+        self._run_start = 0.0
+        self._run_k = 0
+        self._run_n = 0
+        self._run_a = 0.0
+        self._run_c = 0
+        self._step_dt = 0.0
+        self._in_run = False
+        self.dirty = True
+        self.capacity_tokens = self.kv.total_blocks * self.bs
+
+    # -- public interface ----------------------------------------------------------------------
+    def fits(self, spec: RequestSpec) -> bool:
+        total = spec.prompt_tokens + spec.output_tokens
+        if self.cfg.max_model_len is not None and total > self.cfg.max_model_len:
+            return False
+        return total <= self.capacity_tokens
+
+    def submit(self, seq: Seq, now: float) -> None:
+        self.waiting.append(seq)
+        self.outstanding_tokens += seq.spec.prompt_tokens + seq.info.max_output_tokens
+        self.dirty = True
+        if not self.busy:
+            self._start_busy(now)
+            self._plan(now)
+        elif self._in_run and len(self.running) < self.cfg.max_num_seqs:
+            self._interrupt(now)
+
+    def view(self) -> InstanceView:
+        self.dirty = False
+        rec = self.record
+        return InstanceView(
+            instance_id=self.id,
+            model=rec.model,
+            gpu=rec.gpu,
+            outstanding_requests=len(self.running) + len(self.waiting),
+            outstanding_tokens=self.outstanding_tokens,
+            running=len(self.running),
+            waiting=len(self.waiting),
+            kv_usage=self.kv.usage,
+            kv_capacity_tokens=self.capacity_tokens,
+            price_per_hour=rec.price_per_hour,
+        )
+
+    def busy_seconds(self, now: float) -> float:
+        return self.record.busy_s + (now - self.busy_since if self.busy else 0.0)
+
+    # -- KV helpers ----------------------------------------------------------------------------
+    def _dec_blocks(self, k: int) -> int:
+        """Blocks the decoders need to advance ``k`` more steps."""
+        bs = self.bs
+        s = self.dsteps
+        total = 0
+        for r, cnt in enumerate(self.residues):
+            if cnt:
+                q = (s + r) % bs
+                total += cnt * (-(-(q + k) // bs) - (-(-q // bs)))
+        return total
+
+    def _release(self, seq: Seq) -> None:
+        kv = self.kv
+        if seq.state == DECODE:
+            ctx = seq.ctx0 + (self.dsteps - seq.step0)
+            private = -(-ctx // self.bs) - seq.held * seq.nbh
+            self.residues[seq.residue] -= 1
+            self.n_dec -= 1
+            self.sum_ctx -= ctx
+            seq.generated += self.dsteps - seq.step0
+        else:
+            private = seq.private
+        kv.release_private(private)
+        if seq.held:
+            kv.release(seq.hashes[: seq.held])
+        seq.private = 0
+        seq.held = 0
+        seq.epoch += 1
+        self.running.pop(seq.uid, None)
+        self.prefilling.pop(seq.uid, None)
+
+    def _preempt_newest(self) -> None:
+        uid = next(reversed(self.running))
+        seq = self.running[uid]
+        self._release(seq)
+        seq.prompt = seq.spec.prompt_tokens + seq.generated
+        seq.computed = 0
+        seq.state = WAITING
+        seq.record.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # -- planning ------------------------------------------------------------------------------
+    def _start_busy(self, now: float) -> None:
+        self.busy = True
+        self.busy_since = now
+
+    def _plan(self, now: float) -> None:
+        self.dirty = True
+        self.version += 1
+        if self.prefilling or (self.waiting and len(self.running) < self.cfg.max_num_seqs):
+            if self._plan_step(now):
+                return
+        if self.n_dec:
+            self._plan_run(now)
+            return
+        if self.waiting or self.prefilling:  # stuck on KV with nothing decoding: make room
+            self._plan_step(now, force=True)
+            return
+        self.busy = False
+        self.record.busy_s += now - self.busy_since
+
+    def _plan_step(self, now: float, force: bool = False) -> bool:
+        """Plan one mixed step; False when it would only decode (then a run is cheaper)."""
+        kv, bs, cfg = self.kv, self.bs, self.cfg
+        need_dec = self._dec_blocks(1)
+        while need_dec > kv.available and self.running:
+            self._preempt_newest()
+            need_dec = self._dec_blocks(1)
+        budget = cfg.max_num_batched_tokens - self.n_dec
+        batch: list[tuple[Seq, int]] = []
+        pairs = 0
+        if not kv.allocate(need_dec):  # pragma: no cover - guarded by the loop above
+            raise RuntimeError("decode blocks unavailable after preemption")
+        for seq in list(self.prefilling.values()):
+            if budget <= 0:
+                break
+            p = seq.computed
+            c = min(seq.prompt - p, budget)
+            need = -(-(p + c) // bs) - seq.held * seq.nbh - seq.private
+            if not kv.allocate(need):
+                break
+            seq.private += need
+            batch.append((seq, c))
+            budget -= c
+            pairs += c * p + c * (c + 1) // 2
+        waiting = self.waiting
+        while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            seq = waiting[0]
+            n = 0
+            if seq.hashes:
+                n = kv.match(seq.hashes, (seq.prompt - 1) // seq.hblock)
+                if n:
+                    kv.acquire(seq.hashes[:n])
+            hit = n * seq.hblock
+            c = min(seq.prompt - hit, budget)
+            need = -(-(hit + c) // bs) - n * seq.nbh
+            if not kv.allocate(need):
+                if n:
+                    kv.release(seq.hashes[:n])
+                break
+            waiting.popleft()
+            seq.held = n
+            seq.private = need
+            seq.computed = hit
+            seq.state = PREFILL
+            self.running[seq.uid] = seq
+            self.prefilling[seq.uid] = seq
+            rec = seq.record
+            if rec.scheduled_s is None:
+                rec.scheduled_s = now
+                rec.prefix_hit_tokens = hit
+            batch.append((seq, c))
+            budget -= c
+            pairs += c * hit + c * (c + 1) // 2
+        if not batch and (not force or not self.n_dec):
+            kv.release_private(need_dec)
+            if not force:
+                return False
+            if self.running:
+                self._preempt_newest()
+                return self._plan_step(now, force=True)
+            # Nothing runs, nothing is reclaimable and the head still does not fit: cannot happen
+            # for requests that passed fits(); fail loudly rather than spin.
+            raise RuntimeError(f"{self.id}: head request cannot be scheduled on an empty engine")
+        num_tokens = self.n_dec + sum(c for _, c in batch)
+        model = self.model
+        dt = model.linear_time(num_tokens) + model.decode_kv_s_per_token * self.sum_ctx
+        dt += model.prefill_s_per_pair * pairs
+        self._batch = batch
+        self._run_n = self.n_dec
+        self._step_dt = dt
+        self._in_run = False
+        self._schedule(now + dt, self._end_step, self.version)
+        return True
+
+    def _plan_run(self, now: float) -> None:
+        heap = self.dec_heap
+        while heap and (heap[0][3].epoch != heap[0][1] or heap[0][3].state != DECODE):
+            heapq.heappop(heap)
+        k = heap[0][0] - self.dsteps
+        avail = self.kv.available
+        if self._dec_blocks(k) > avail:
+            lo, hi = 0, k  # largest j with need(j) <= avail
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self._dec_blocks(mid) <= avail:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+            if k == 0:
+                self._plan_step(now, force=True)
+                return
+        n = self.n_dec
+        a = self.model.linear_time(n)
+        self._run_start = now
+        self._run_k = k
+        self._run_n = n
+        self._run_a = a
+        self._run_c = self.sum_ctx
+        self._in_run = True
+        self._schedule(now + self._run_time(k), self._end_run, self.version)
+
+    def _run_time(self, m: int) -> float:
+        b = self.model.decode_kv_s_per_token
+        return m * self._run_a + b * (m * self._run_c + self._run_n * m * (m - 1) / 2)
+
+    def _interrupt(self, now: float) -> None:
+        """An arrival during a decode run: stop the run at the step boundary after ``now``."""
+        elapsed = now - self._run_start
+        if elapsed <= 0:
+            m = 0
+        else:
+            b = self.model.decode_kv_s_per_token
+            qa = b * self._run_n / 2
+            qb = self._run_a + b * self._run_c - qa
+            if qa > 0:
+                m = math.ceil((-qb + math.sqrt(qb * qb + 4 * qa * elapsed)) / (2 * qa))
+            else:
+                m = math.ceil(elapsed / qb)
+            m = max(0, min(m, self._run_k))
+            while m > 0 and self._run_time(m - 1) >= elapsed:
+                m -= 1
+            while m < self._run_k and self._run_time(m) < elapsed:
+                m += 1
+        if m >= self._run_k:
+            return
+        self.version += 1
+        self._run_k = m
+        self._schedule(self._run_start + self._run_time(m), self._end_run, self.version)
+
+    # -- event handlers ------------------------------------------------------------------------
+    def _end_run(self, now: float, version: object) -> None:
+        if version != self.version:
+            return
+        k, n = self._run_k, self._run_n
+        self._in_run = False
+        if k:
+            if not self.kv.allocate(self._dec_blocks(k)):  # pragma: no cover - planned to fit
+                raise RuntimeError("decode run overran the KV cache")
+            a, b, c = self._run_a, self.model.decode_kv_s_per_token, self._run_c
+            first = a + b * c
+            last = a + b * (c + (k - 1) * n)
+            if last <= first * 1.02 or k < 4:
+                self.tbt.add((first + last) / 2, k * n)
+            else:
+                quarter = k // 4
+                for i in range(4):
+                    steps = quarter if i < 3 else k - 3 * quarter
+                    mid = a + b * (c + (i * quarter + steps / 2) * n)
+                    self.tbt.add(mid, steps * n)
+            self.dsteps += k
+            self.sum_ctx += n * k
+            self.record.steps += k
+            self._finish_due(now)
+        self._plan(now)
+
+    def _end_step(self, now: float, version: object) -> None:
+        if version != self.version:
+            return
+        self.dsteps += 1
+        self.sum_ctx += self._run_n
+        self.record.steps += 1
+        if self._run_n:
+            self.tbt.add(self._step_dt, self._run_n)
+        kv = self.kv
+        for seq, c in self._batch:
+            seq.computed += c
+            if seq.hashes:
+                upto = min(len(seq.hashes), seq.computed // seq.hblock)
+                nbh = seq.nbh
+                for h in seq.hashes[seq.held : upto]:
+                    kv.register(h, nbh)
+                    seq.private -= nbh
+                if upto > seq.held:
+                    seq.held = upto
+            if seq.computed >= seq.prompt:
+                del self.prefilling[seq.uid]
+                if seq.generated == 0:
+                    seq.generated = 1
+                    seq.record.first_token_s = now
+                if seq.generated >= seq.spec.output_tokens:
+                    self._finish(seq, now)
+                    continue
+                seq.state = DECODE
+                seq.step0 = self.dsteps
+                seq.ctx0 = seq.computed
+                seq.finish_step = self.dsteps + seq.spec.output_tokens - seq.generated
+                seq.residue = (seq.ctx0 - self.dsteps) % self.bs
+                self.residues[seq.residue] += 1
+                self.n_dec += 1
+                self.sum_ctx += seq.ctx0
+                heapq.heappush(self.dec_heap, (seq.finish_step, seq.epoch, seq.uid, seq))
+        self._batch = []
+        self._finish_due(now)
+        self._plan(now)
+
+    def _finish_due(self, now: float) -> None:
+        heap = self.dec_heap
+        while heap and heap[0][0] <= self.dsteps:
+            _, epoch, _, seq = heapq.heappop(heap)
+            if seq.epoch != epoch or seq.state != DECODE:
+                continue
+            self._finish(seq, now)
+
+    def _finish(self, seq: Seq, now: float) -> None:
+        self._release(seq)
+        seq.state = DONE
+        self.outstanding_tokens -= seq.spec.prompt_tokens + seq.info.max_output_tokens
+        self.dirty = True
+        self._on_finish(seq, now)

@@ -1,0 +1,182 @@
+"""The fleet shell of the twin: arrivals, the core's router, engines, and records.
+
+This is the simulator's counterpart of the gateway: it builds the same :class:`RequestInfo` and
+:class:`InstanceView` values the gateway builds, asks the same router, and carries out the
+decision in virtual time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from tokenplane.core.routing.base import Router
+from tokenplane.core.views import InstanceView, RequestInfo
+from tokenplane.sim.engine import Seq
+from tokenplane.sim.kernel import EventLoop
+from tokenplane.sim.records import InstanceRecord, InstanceSample, RequestRecord, TbtHistogram
+from tokenplane.sim.workloads.base import RequestSpec, Workload
+
+
+class Engine:
+    """What the fleet needs of an engine (continuous or static)."""
+
+    id: str
+    dirty: bool
+    record: InstanceRecord
+
+    def fits(self, spec: RequestSpec) -> bool: ...
+    def submit(self, seq: Seq, now: float) -> None: ...
+    def view(self) -> InstanceView: ...
+    def busy_seconds(self, now: float) -> float: ...
+
+
+@dataclass(slots=True)
+class FleetResult:
+    records: list[RequestRecord]
+    instances: list[InstanceRecord]
+    tbt: TbtHistogram
+    duration_s: float
+
+
+EngineFactory = Callable[[str, Callable[[Seq, float], None]], Engine]
+
+
+class Fleet:
+    def __init__(
+        self,
+        *,
+        loop: EventLoop,
+        engines: Sequence[Engine],
+        router: Router,
+        workload: Workload,
+        model: str,
+        block_size: int,
+        tbt: TbtHistogram,
+        sample_interval_s: float = 10.0,
+    ) -> None:
+        self.loop = loop
+        self.engines = list(engines)
+        self.by_id = {e.id: e for e in self.engines}
+        self.router = router
+        self.workload = workload
+        self.model = model
+        self.bs = block_size
+        self.tbt = tbt
+        self.views: list[InstanceView] = [e.view() for e in self.engines]
+        self.records: list[RequestRecord] = []
+        self._arrivals: Iterator[RequestSpec] = iter(workload.arrivals())
+        self._seen_hashes: set[int] = set()
+        self._uid = 0
+        self._in_flight = 0
+        self._sample_interval = sample_interval_s
+        self._last_busy = [0.0] * len(self.engines)
+        self._last_sample_t = 0.0
+
+    # -- arrivals ------------------------------------------------------------------------------
+    def _next_arrival(self) -> None:
+        spec = next(self._arrivals, None)
+        if spec is not None:
+            self.loop.schedule(spec.arrival_s, self._on_arrival, spec)
+
+    def _on_arrival(self, now: float, spec: RequestSpec) -> None:
+        self._next_arrival()
+        self._admit(now, spec)
+
+    def _admit(self, now: float, spec: RequestSpec) -> None:
+        hashes = spec.block_hashes
+        bound = 0
+        if hashes:
+            seen = self._seen_hashes
+            hb = spec.hash_block_tokens
+            limit = (spec.prompt_tokens - 1) // hb
+            n = 0
+            for h in hashes:
+                if n >= limit or h not in seen:
+                    break
+                n += 1
+            bound = n * hb
+            seen.update(hashes)
+        rec = RequestRecord(
+            request_id=spec.request_id,
+            tenant=spec.tenant,
+            arrival_s=now,
+            prompt_tokens=spec.prompt_tokens,
+            output_tokens=spec.output_tokens,
+            prefix_bound_tokens=bound,
+        )
+        self.records.append(rec)
+        info = RequestInfo(
+            request_id=str(spec.request_id),
+            model=spec.model or self.model,
+            prompt_tokens=spec.prompt_tokens,
+            max_output_tokens=spec.max_output_tokens or spec.output_tokens,
+            block_hashes=hashes,
+            hash_block_tokens=spec.hash_block_tokens,
+            tenant=spec.tenant,
+            arrival_s=now,
+            workflow=spec.workflow,
+        )
+        views = self.views
+        for i, e in enumerate(self.engines):
+            if e.dirty:
+                views[i] = e.view()
+        decision = self.router.select(info, views, now=now)
+        rec.route_reason = decision.reason.value
+        if decision.instance_id is None:
+            self._fail(rec, spec, now, "no_instance")
+            return
+        engine = self.by_id[decision.instance_id]
+        rec.instance_id = engine.id
+        if not engine.fits(spec):
+            self._fail(rec, spec, now, "too_long")
+            return
+        self.router.on_routed(info, engine.id, now=now)
+        self._uid += 1
+        self._in_flight += 1
+        engine.submit(Seq(self._uid, spec, info, rec, self.bs), now)
+
+    def _fail(self, rec: RequestRecord, spec: RequestSpec, now: float, reason: str) -> None:
+        rec.ok = False
+        rec.reason = reason
+        rec.finish_s = None
+        self._followups(spec, now, ok=False)
+
+    def on_finish(self, seq: Seq, now: float) -> None:
+        rec = seq.record
+        rec.finish_s = now
+        rec.ok = True
+        self._in_flight -= 1
+        self.router.on_finished(seq.info, rec.instance_id or "", now=now)
+        self._followups(seq.spec, now, ok=True)
+
+    def _followups(self, spec: RequestSpec, now: float, *, ok: bool) -> None:
+        for nxt in self.workload.on_finished(spec, now, ok):
+            self.loop.schedule(max(nxt.arrival_s, now), self._on_followup, nxt)
+
+    def _on_followup(self, now: float, spec: RequestSpec) -> None:
+        self._admit(now, spec)
+
+    # -- sampling ------------------------------------------------------------------------------
+    def _sample(self, now: float, _: object) -> None:
+        span = now - self._last_sample_t
+        for i, e in enumerate(self.engines):
+            busy = e.busy_seconds(now)
+            frac = (busy - self._last_busy[i]) / span if span > 0 else 0.0
+            self._last_busy[i] = busy
+            v = e.view()
+            e.record.samples.append(InstanceSample(now, min(1.0, frac), v.kv_usage, v.running, v.waiting))
+        self._last_sample_t = now
+        if self._in_flight or len(self.loop) > 0:
+            self.loop.schedule(now + self._sample_interval, self._sample)
+
+    # -- run -----------------------------------------------------------------------------------
+    def run(self, *, until: float | None = None, on_progress: Callable[[float], None] | None = None) -> FleetResult:
+        self._next_arrival()
+        self.loop.schedule(self._sample_interval, self._sample)
+        self.loop.run(until=until, on_progress=on_progress)
+        end = self.loop.now
+        for e in self.engines:
+            e.record.alive_s = end
+            e.record.busy_s = e.busy_seconds(end)
+        return FleetResult(self.records, [e.record for e in self.engines], self.tbt, end)

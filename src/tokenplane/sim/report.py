@@ -1,0 +1,380 @@
+"""Turn one twin run's records into a flat, JSON-able report; write and summarise several runs.
+
+Conventions, all deterministic (the same inputs give byte-identical ``report.json``):
+
+* **Percentiles** use linear interpolation between closest ranks (numpy's default ``"linear"``
+  method, Excel's ``PERCENTILE.INC``): for ``n`` sorted samples the ``q``-th percentile sits at
+  position ``(n - 1) * q / 100``; the result is clamped to the two neighbouring samples, so it is
+  monotone in ``q`` and always inside ``[min, max]``. No samples give ``None``.
+  ``tbt_*`` percentiles come from :class:`~tokenplane.sim.records.TbtHistogram` instead (its
+  own bucketed rule).
+* **Completed** requests are the records with ``ok``; latency percentiles and means (queue, TTFT,
+  TPOT, E2E), throughput, token counts, prefix ratios and cost per token use only those. Failed
+  requests count in ``requests_total``, ``requests_failed``, ``failure_reasons``, ``preemptions``
+  and ``route_reasons``, and in the denominator of ``slo_attainment``.
+* A request **meets the SLO** (:meth:`Slo.met`) when it is ok, has a first token, its TTFT is at
+  most ``Slo.ttft_s`` and its TPOT is ``None`` (fewer than two output tokens) or at most
+  ``Slo.tbt_s``.
+* Rates divide by ``duration_s`` (the simulated end time); a zero duration gives ``None``.
+  Float sums use :func:`math.fsum`, so they do not depend on record order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+__all__ = [
+    "WALL_CLOCK_FIELDS",
+    "Slo",
+    "build_run_report",
+    "goodput_timeline",
+    "percentile",
+    "print_summary",
+    "summary_table",
+    "write_report",
+]
+
+#: Report keys whose values depend on the host's wall clock; drop them to compare two runs.
+WALL_CLOCK_FIELDS: frozenset[str] = frozenset({"wall_seconds", "sim_seconds_per_wall_second"})
+
+#: Label used in ``failure_reasons`` / ``route_reasons`` when a record left the reason empty.
+UNKNOWN_REASON = "unknown"
+UNROUTED = "unrouted"
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Service-level objective: time to first token and mean time between tokens (TPOT)."""
+
+    ttft_s: float = 2.0
+    tbt_s: float = 0.1
+
+    def met(self, record: RequestRecord) -> bool:
+        """Whether ``record`` is ok and within both limits (see the module docstring)."""
+        if not record.ok or record.first_token_s is None:
+            return False
+        if record.first_token_s - record.arrival_s > self.ttft_s:
+            return False
+        tpot = record.tpot_s
+        return tpot is None or tpot <= self.tbt_s
+
+    def as_dict(self) -> dict[str, float]:
+        return {"ttft_s": self.ttft_s, "tbt_s": self.tbt_s}
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) of already sorted values, by linear interpolation.
+
+    ``None`` for an empty sequence. ``q`` outside 0..100 is clamped.
+    """
+    n = len(sorted_values)
+    if n == 0:
+        return None
+    if n == 1:
+        return float(sorted_values[0])
+    q = min(max(q, 0.0), 100.0)
+    pos = (n - 1) * q / 100.0
+    lo = math.floor(pos)
+    if lo >= n - 1:
+        return float(sorted_values[n - 1])
+    frac = pos - lo
+    a = float(sorted_values[lo])
+    b = float(sorted_values[lo + 1])
+    if frac <= 0.0:
+        return a
+    value = a + (b - a) * frac
+    return min(max(value, a), b)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def _count(labels: Iterable[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for label in labels:
+        counts[label] = counts.get(label, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def build_run_report(
+    records: Sequence[RequestRecord],
+    instances: Sequence[InstanceRecord],
+    tbt: TbtHistogram,
+    *,
+    duration_s: float,
+    wall_seconds: float,
+    slo: Slo,
+    extra: Mapping[str, Any] | None = None,
+    timeline_bucket_s: float | None = None,
+) -> dict[str, Any]:
+    """A flat JSON-able summary of one run (keys listed in the module docs and the tests).
+
+    ``extra`` is merged in last (its keys win). With ``timeline_bucket_s`` the report also carries
+    ``goodput_timeline`` (see :func:`goodput_timeline`).
+    """
+    slo_ttft = slo.ttft_s
+    slo_tbt = slo.tbt_s
+
+    queue: list[float] = []
+    ttft: list[float] = []
+    tpot: list[float] = []
+    e2e: list[float] = []
+    completed = 0
+    met = 0
+    prompt_tokens = 0
+    output_tokens = 0
+    hit_tokens = 0
+    bound_tokens = 0
+    preemptions = 0
+    failure_reasons: dict[str, int] = {}
+    route_reasons: dict[str, int] = {}
+
+    # One pass, attribute reads only (the record properties are inlined for speed).
+    for r in records:
+        preemptions += r.preemptions
+        route = r.route_reason or UNROUTED
+        route_reasons[route] = route_reasons.get(route, 0) + 1
+        if not r.ok:
+            reason = r.reason or UNKNOWN_REASON
+            failure_reasons[reason] = failure_reasons.get(reason, 0) + 1
+            continue
+        completed += 1
+        arrival = r.arrival_s
+        prompt_tokens += r.prompt_tokens
+        output_tokens += r.output_tokens
+        hit_tokens += r.prefix_hit_tokens
+        bound_tokens += r.prefix_bound_tokens
+        if r.scheduled_s is not None:
+            queue.append(r.scheduled_s - arrival)
+        first = r.first_token_s
+        finish = r.finish_s
+        this_ttft: float | None = None
+        if first is not None:
+            this_ttft = first - arrival
+            ttft.append(this_ttft)
+        this_tpot: float | None = None
+        if finish is not None:
+            e2e.append(finish - arrival)
+            if first is not None and r.output_tokens >= 2:
+                this_tpot = (finish - first) / (r.output_tokens - 1)
+                tpot.append(this_tpot)
+        if this_ttft is not None and this_ttft <= slo_ttft and (this_tpot is None or this_tpot <= slo_tbt):
+            met += 1
+
+    for values in (queue, ttft, tpot, e2e):
+        values.sort()
+
+    total = len(records)
+    duration = float(duration_s)
+
+    def rate(count: float) -> float | None:
+        return count / duration if duration > 0 else None
+
+    gpu_hours = math.fsum(i.alive_s for i in instances) / 3600.0
+    gpu_cost = math.fsum(i.alive_s / 3600.0 * i.price_per_hour for i in instances)
+    tokens = prompt_tokens + output_tokens
+
+    utilisation: dict[str, float] = {}
+    kv_usage_mean: dict[str, float | None] = {}
+    for inst in sorted(instances, key=lambda i: i.instance_id):
+        utilisation[inst.instance_id] = inst.busy_s / inst.alive_s if inst.alive_s > 0 else 0.0
+        kv_usage_mean[inst.instance_id] = _mean([s.kv_usage for s in inst.samples])
+    util_values = list(utilisation.values())
+
+    report: dict[str, Any] = {
+        "requests_total": total,
+        "requests_completed": completed,
+        "requests_failed": total - completed,
+        "duration_s": duration,
+        "wall_seconds": float(wall_seconds),
+        "sim_seconds_per_wall_second": _ratio(duration, float(wall_seconds)),
+        "throughput_rps": rate(completed),
+        "output_tokens_per_s": rate(output_tokens),
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "goodput_rps": rate(met),
+        "slo_met": met,
+        "slo_attainment": _ratio(met, total),
+        "slo": slo.as_dict(),
+        "ttft_mean_s": _mean(ttft),
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p90_s": percentile(ttft, 90),
+        "ttft_p99_s": percentile(ttft, 99),
+        "tpot_mean_s": _mean(tpot),
+        "tpot_p50_s": percentile(tpot, 50),
+        "tpot_p90_s": percentile(tpot, 90),
+        "tpot_p99_s": percentile(tpot, 99),
+        "tbt_p50_s": tbt.percentile(50),
+        "tbt_p90_s": tbt.percentile(90),
+        "tbt_p99_s": tbt.percentile(99),
+        "queue_mean_s": _mean(queue),
+        "queue_p50_s": percentile(queue, 50),
+        "queue_p99_s": percentile(queue, 99),
+        "e2e_mean_s": _mean(e2e),
+        "e2e_p50_s": percentile(e2e, 50),
+        "e2e_p99_s": percentile(e2e, 99),
+        "prefix_hit_ratio": _ratio(hit_tokens, prompt_tokens),
+        "prefix_hit_bound": _ratio(bound_tokens, prompt_tokens),
+        "gpu_hours": gpu_hours,
+        "gpu_cost_usd": gpu_cost,
+        "cost_per_million_tokens": _ratio(gpu_cost, tokens / 1e6),
+        "cost_per_request_usd": _ratio(gpu_cost, completed),
+        "preemptions": preemptions,
+        "instances": len(instances),
+        "utilisation": utilisation,
+        "utilisation_max": max(util_values) if util_values else None,
+        "utilisation_mean": _mean(util_values),
+        "kv_usage_mean": kv_usage_mean,
+        "failure_reasons": dict(sorted(failure_reasons.items())),
+        "route_reasons": dict(sorted(route_reasons.items())),
+    }
+    if timeline_bucket_s is not None:
+        report["goodput_timeline"] = [
+            [t, g] for t, g in goodput_timeline(records, slo, bucket_s=timeline_bucket_s, duration_s=duration)
+        ]
+    if extra:
+        report.update(extra)
+    return report
+
+
+def goodput_timeline(
+    records: Iterable[RequestRecord],
+    slo: Slo,
+    *,
+    bucket_s: float,
+    duration_s: float | None = None,
+) -> list[tuple[float, float]]:
+    """``(bucket start s, SLO-meeting completions per second)`` by finish-time bucket.
+
+    Buckets are ``[k * bucket_s, (k + 1) * bucket_s)`` from 0 up to the last finish (or up to
+    ``duration_s`` when given, whichever is later); empty buckets give 0.0.
+    """
+    if bucket_s <= 0:
+        raise ValueError("bucket_s must be positive")
+    counts: dict[int, int] = {}
+    last = -1
+    for r in records:
+        if r.finish_s is None or not slo.met(r):
+            continue
+        k = int(r.finish_s // bucket_s)
+        counts[k] = counts.get(k, 0) + 1
+        last = max(last, k)
+    if duration_s is not None and duration_s > 0:
+        last = max(last, math.ceil(duration_s / bucket_s) - 1)
+    return [(k * bucket_s, counts.get(k, 0) / bucket_s) for k in range(last + 1)]
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+def dumps_report(runs: Mapping[str, Mapping[str, Any]], *, scenario: Mapping[str, Any] | None = None) -> str:
+    """The exact text :func:`write_report` writes (sorted keys, 2-space indent, final newline)."""
+    doc = {"runs": {name: dict(run) for name, run in runs.items()}, "scenario": scenario}
+    return json.dumps(doc, indent=2, sort_keys=True, default=_json_default) + "\n"
+
+
+def write_report(
+    out_dir: Path, runs: Mapping[str, Mapping[str, Any]], *, scenario: Mapping[str, Any] | None = None
+) -> Path:
+    """Write ``out_dir/report.json`` as ``{"runs": {name: report}, "scenario": ...}``; return its path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "report.json"
+    path.write_text(dumps_report(runs, scenario=scenario), encoding="utf-8")
+    return path
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (int, float)):
+        return format(int(value) if spec == "d" else value, spec)
+    return str(value)
+
+
+def _fmt_ms(value: Any) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def _fmt_pct(value: Any) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def summary_table(runs: Mapping[str, Mapping[str, Any]]) -> Table:
+    """One row per run with the headline numbers (latencies in milliseconds)."""
+    from rich.table import Table
+
+    table = Table(title="tokenplane twin runs")
+    for header in (
+        "run",
+        "requests",
+        "thru rps",
+        "out tok/s",
+        "goodput rps",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "TBT p50 ms",
+        "TBT p99 ms",
+        "prefix hit",
+        "hit bound",
+        "util max",
+        "$/Mtok",
+        "wall s",
+    ):
+        table.add_column(header, justify="left" if header == "run" else "right")
+    for name, run in runs.items():
+        completed = run.get("requests_completed")
+        total = run.get("requests_total")
+        requests = f"{_fmt(completed, 'd')}/{_fmt(total, 'd')}" if total is not None else _fmt(completed, "d")
+        table.add_row(
+            str(name),
+            requests,
+            _fmt(run.get("throughput_rps"), ".2f"),
+            _fmt(run.get("output_tokens_per_s"), ".0f"),
+            _fmt(run.get("goodput_rps"), ".2f"),
+            _fmt_ms(run.get("ttft_p50_s")),
+            _fmt_ms(run.get("ttft_p99_s")),
+            _fmt_ms(run.get("tbt_p50_s")),
+            _fmt_ms(run.get("tbt_p99_s")),
+            _fmt_pct(run.get("prefix_hit_ratio")),
+            _fmt_pct(run.get("prefix_hit_bound")),
+            _fmt_pct(run.get("utilisation_max")),
+            _fmt(run.get("cost_per_million_tokens"), ".3f"),
+            _fmt(run.get("wall_seconds"), ".2f"),
+        )
+    return table
+
+
+def print_summary(runs: Mapping[str, Mapping[str, Any]], console: Console | None = None) -> None:
+    """Print :func:`summary_table` to ``console`` (a fresh stdout console by default)."""
+    if console is None:
+        from rich.console import Console
+
+        console = Console()
+    console.print(summary_table(runs))

@@ -1,0 +1,123 @@
+"""Static batching, the historical baseline (request-level batching, as before Orca and vLLM).
+
+A batch of up to ``static_batch_size`` waiting requests starts only when the previous batch has
+ended. Each member reserves KV for the maximum sequence length (``max_model_len``) up front, so
+fewer fit; prompts are padded to the longest in the batch and prefilled together; the batch then
+decodes until its longest output is done, every slot paying for a step whether or not its own
+request has finished. Each request still streams: it finishes at its own last token.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from tokenplane.core.views import InstanceView
+from tokenplane.sim.engine import EngineConfig, FinishFn, ScheduleFn, Seq, StepTimes
+from tokenplane.sim.records import InstanceRecord, TbtHistogram
+from tokenplane.sim.workloads.base import RequestSpec
+
+DEFAULT_STATIC_MAX_LEN = 4096
+
+
+class StaticEngine:
+    def __init__(
+        self,
+        instance_id: str,
+        config: EngineConfig,
+        step_times: StepTimes,
+        *,
+        schedule: ScheduleFn,
+        on_finish: FinishFn,
+        record: InstanceRecord,
+        tbt: TbtHistogram,
+    ) -> None:
+        self.id = instance_id
+        self.cfg = config
+        self.model = step_times
+        self._schedule = schedule
+        self._on_finish = on_finish
+        self.record = record
+        self.tbt = tbt
+        self.reserve = config.max_model_len or DEFAULT_STATIC_MAX_LEN
+        self.slots = max(1, min(config.static_batch_size, config.kv_capacity_tokens // self.reserve))
+        self.waiting: deque[Seq] = deque()
+        self.batch: list[Seq] = []
+        self._finishes: list[tuple[float, int, Seq]] = []
+        self.busy = False
+        self.busy_since = 0.0
+        self.outstanding_tokens = 0
+        self.dirty = True
+
+    def fits(self, spec: RequestSpec) -> bool:
+        return spec.prompt_tokens + spec.output_tokens <= self.reserve
+
+    def submit(self, seq: Seq, now: float) -> None:
+        self.waiting.append(seq)
+        self.outstanding_tokens += seq.spec.prompt_tokens + seq.info.max_output_tokens
+        self.dirty = True
+        if not self.busy:
+            self._start_batch(now)
+
+    def view(self) -> InstanceView:
+        self.dirty = False
+        rec = self.record
+        in_batch = len(self.batch)
+        return InstanceView(
+            instance_id=self.id,
+            model=rec.model,
+            gpu=rec.gpu,
+            outstanding_requests=in_batch + len(self.waiting),
+            outstanding_tokens=self.outstanding_tokens,
+            running=in_batch,
+            waiting=len(self.waiting),
+            kv_usage=in_batch / self.slots,
+            kv_capacity_tokens=self.cfg.kv_capacity_tokens,
+            price_per_hour=rec.price_per_hour,
+        )
+
+    def busy_seconds(self, now: float) -> float:
+        return self.record.busy_s + (now - self.busy_since if self.busy else 0.0)
+
+    def _start_batch(self, now: float) -> None:
+        batch = [self.waiting.popleft() for _ in range(min(self.slots, len(self.waiting)))]
+        self.batch = batch
+        self.dirty = True
+        if not batch:
+            if self.busy:
+                self.busy = False
+                self.record.busy_s += now - self.busy_since
+            return
+        if not self.busy:
+            self.busy = True
+            self.busy_since = now
+        model = self.model
+        b = len(batch)
+        max_p = max(s.spec.prompt_tokens for s in batch)
+        max_o = max(s.spec.output_tokens for s in batch)
+        prefill = model.linear_time(b * max_p) + model.prefill_s_per_pair * b * max_p * (max_p + 1) / 2
+        a = model.linear_time(b)
+        kv = model.decode_kv_s_per_token
+
+        def decode_time(m: int) -> float:  # m padded decode steps of the whole batch
+            return m * a + kv * b * (m * max_p + m * (m - 1) / 2)
+
+        first = now + prefill
+        finishes = []
+        for seq in batch:
+            rec = seq.record
+            rec.scheduled_s = now
+            rec.first_token_s = first
+            o = seq.spec.output_tokens
+            if o > 1:
+                self.tbt.add(decode_time(o - 1) / (o - 1), o - 1)
+            finishes.append((first + decode_time(o - 1), seq.uid, seq))
+        finishes.sort(key=lambda x: (x[0], x[1]))
+        self._finishes = finishes
+        self.record.steps += max_o
+        self._schedule(first + decode_time(max_o - 1), self._end_batch, None)
+
+    def _end_batch(self, now: float, _: object) -> None:
+        for t, _, seq in self._finishes:
+            self.outstanding_tokens -= seq.spec.prompt_tokens + seq.info.max_output_tokens
+            self._on_finish(seq, t)
+        self._start_batch(now)
