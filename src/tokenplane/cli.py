@@ -72,7 +72,9 @@ def simulate(
         return
     show = sys.stderr.isatty() if progress is None else progress
     console = Console()
-    console.print(f"[bold]{sc.name}[/]: {len(sc.runs)} run(s)" + (f" — {sc.description}" if sc.description else ""))
+    console.print(
+        f"[bold]{sc.name}[/]: {len(sc.runs)} run(s)" + (f" — {sc.description}" if sc.description else "")
+    )
 
     bars: list[Any] = []
 
@@ -97,7 +99,8 @@ def simulate(
     print_summary(runs, console)
     if plots:
         files = plot_runs(
-            out, {name: RunData(o.result.records, o.result.instances, o.report) for name, o in outcomes.items()}
+            out,
+            {name: RunData(o.result.records, o.result.instances, o.report) for name, o in outcomes.items()},
         )
         console.print(f"plots: {', '.join(str(f) for f in files)}")
     console.print(f"report: {path}")

@@ -77,7 +77,9 @@ def build(spec: PluginSpec, ctx: BuildContext) -> Any:
     except InvalidPolicyConfig:
         raise
     except (TypeError, ValueError, KeyError) as exc:
-        raise InvalidPolicyConfig(f"{spec.kind} {spec.name!r}: bad params {dict(spec.params)!r}: {exc}") from exc
+        raise InvalidPolicyConfig(
+            f"{spec.kind} {spec.name!r}: bad params {dict(spec.params)!r}: {exc}"
+        ) from exc
 
 
 def _load_builtins() -> None:

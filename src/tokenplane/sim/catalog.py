@@ -12,12 +12,15 @@ Calibration (re-run with ``python -m tokenplane.sim.calibrate --traces DIR``):
   time against Vidur's per-operator profiles (microsoft/vidur ``data/profiling/``, MIT):
   ``gpu-profiles/h100_meta-llama_Llama-2-7b-hf_mlp.csv`` + ``..._Llama-2-70b-hf_mlp.csv`` for H100
   and ``gpu-profiles/a100_meta-llama_Meta-Llama-3-8B_mlp.csv`` + ``..._Meta-Llama-3-70B_mlp.csv``
-  for A100, TP1, every profiled token count.
+  for A100, TP 1/2/4/8, every profiled token count (the TP>1 rows separate the per-layer kernel
+  floor from the weight-read time, which both scale with the layer count at TP1).
 * H200 reuses the H100 (same Hopper SM) efficiencies; L40S, RTX 4090 and RTX PRO 6000 have no
   profiles: they get the mean of the fitted H100/A100 efficiencies (an assumption, to be refined by
   the engine-level calibration against the vLLM measurements).
-* ``step_overhead_s`` as fitted on the profiles is the per-step floor of the many tiny kernels
-  (norms, rope, adds at one token); it does not include the serving engine's CPU scheduling time.
+* ``layer_overhead_s`` is the per-layer floor of the many tiny kernels (norms, rope, adds at one
+  token). ``step_overhead_s`` fits to ~0 on the profiles, which hold GPU kernel time only: the
+  serving engine's CPU time per step (scheduling, sampling) is for the engine-level calibration
+  against the vLLM measurements to set.
 
 Prices are approximate on-demand per-GPU list prices of large neo-clouds (Lambda, RunPod, CoreWeave
 public price pages, 2025); they are assumptions for cost comparisons, not quotes.
@@ -38,17 +41,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 GIB = 1024**3
 
 # --- Calibrated efficiency constants --------------------------------------------------------------
-# Fitted by tokenplane.sim.calibrate on the Vidur profiles named in the module docstring.
-H100_MEM_EFFICIENCY = 0.726  # achieved / 3350 GB/s, h100_*_mlp.csv TP1
-H100_COMPUTE_EFFICIENCY = 0.601  # achieved / 989 TF on the layer GEMMs, h100_*_mlp.csv TP1
-H100_STEP_OVERHEAD_S = 0.00041  # fixed per-step floor, h100_*_mlp.csv TP1
-H100_LAYER_OVERHEAD_S = 2e-5  # fixed per-layer kernel floor, h100_*_mlp.csv
-H100_KNEE_SHARPNESS = 3.0  # p of the p-norm smooth max, h100_*_mlp.csv TP1
-A100_MEM_EFFICIENCY = 0.80  # achieved / 2039 GB/s, a100_*_mlp.csv TP1
-A100_COMPUTE_EFFICIENCY = 0.70  # achieved / 312 TF, a100_*_mlp.csv TP1
-A100_STEP_OVERHEAD_S = 0.0004  # a100_*_mlp.csv TP1
-A100_LAYER_OVERHEAD_S = 2e-5  # a100_*_mlp.csv
-A100_KNEE_SHARPNESS = 3.0  # a100_*_mlp.csv TP1
+# Fitted by tokenplane.sim.calibrate (TP 1/2/4/8, every token count) on the Vidur profiles
+# gpu-profiles/h100_meta-llama_Llama-2-{7b,70b}-hf_mlp.csv (H100_*) and
+# gpu-profiles/a100_meta-llama_Meta-Llama-3-{8B,70B}_mlp.csv (A100_*); rms log error 7.8 % / 4.9 %.
+H100_MEM_EFFICIENCY = 0.855  # achieved / 3350 GB/s
+H100_COMPUTE_EFFICIENCY = 0.685  # achieved / 989 TF/s on the block GEMMs
+H100_STEP_OVERHEAD_S = 0.0  # fixed per-step cost (fit: 0; the profiles hold no CPU time)
+H100_LAYER_OVERHEAD_S = 3.95e-5  # fixed per-layer kernel floor
+H100_KNEE_SHARPNESS = 2.0  # p of the p-norm smooth max of weight-read and GEMM time (fixed)
+A100_MEM_EFFICIENCY = 0.738  # achieved / 2039 GB/s
+A100_COMPUTE_EFFICIENCY = 0.718  # achieved / 312 TF/s
+A100_STEP_OVERHEAD_S = 0.0
+A100_LAYER_OVERHEAD_S = 4.24e-5
+A100_KNEE_SHARPNESS = 2.0
 # GPUs without profiles: mean of the H100 and A100 fits (assumption, see module docstring).
 DEFAULT_MEM_EFFICIENCY = (H100_MEM_EFFICIENCY + A100_MEM_EFFICIENCY) / 2
 DEFAULT_COMPUTE_EFFICIENCY = (H100_COMPUTE_EFFICIENCY + A100_COMPUTE_EFFICIENCY) / 2

@@ -65,10 +65,10 @@ class Seq:
         "finish_step",
         "generated",
         "hashes",
+        "hblock",
         "held",
         "info",
         "nbh",
-        "hblock",
         "private",
         "prompt",
         "record",
@@ -79,7 +79,9 @@ class Seq:
         "uid",
     )
 
-    def __init__(self, uid: int, spec: RequestSpec, info: RequestInfo, record: RequestRecord, bs: int) -> None:
+    def __init__(
+        self, uid: int, spec: RequestSpec, info: RequestInfo, record: RequestRecord, bs: int
+    ) -> None:
         self.uid = uid
         self.spec = spec
         self.info = info
@@ -243,9 +245,9 @@ class ContinuousEngine:
     def _plan(self, now: float) -> None:
         self.dirty = True
         self.version += 1
-        if self.prefilling or (self.waiting and len(self.running) < self.cfg.max_num_seqs):
-            if self._plan_step(now):
-                return
+        can_prefill = self.prefilling or (self.waiting and len(self.running) < self.cfg.max_num_seqs)
+        if can_prefill and self._plan_step(now):
+            return
         if self.n_dec:
             self._plan_run(now)
             return

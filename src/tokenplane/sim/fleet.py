@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from tokenplane.core.routing.base import Router
 from tokenplane.core.views import InstanceView, RequestInfo
@@ -18,7 +19,7 @@ from tokenplane.sim.records import InstanceRecord, InstanceSample, RequestRecord
 from tokenplane.sim.workloads.base import RequestSpec, Workload
 
 
-class Engine:
+class Engine(Protocol):
     """What the fleet needs of an engine (continuous or static)."""
 
     id: str
@@ -39,7 +40,6 @@ class FleetResult:
     duration_s: float
 
 
-EngineFactory = Callable[[str, Callable[[Seq, float], None]], Engine]
 
 
 class Fleet:
@@ -72,6 +72,7 @@ class Fleet:
         self._sample_interval = sample_interval_s
         self._last_busy = [0.0] * len(self.engines)
         self._last_sample_t = 0.0
+        self._last_activity = 0.0
 
     # -- arrivals ------------------------------------------------------------------------------
     def _next_arrival(self) -> None:
@@ -84,6 +85,7 @@ class Fleet:
         self._admit(now, spec)
 
     def _admit(self, now: float, spec: RequestSpec) -> None:
+        self._last_activity = now
         hashes = spec.block_hashes
         bound = 0
         if hashes:
@@ -146,6 +148,7 @@ class Fleet:
         rec = seq.record
         rec.finish_s = now
         rec.ok = True
+        self._last_activity = max(self._last_activity, now)
         self._in_flight -= 1
         self.router.on_finished(seq.info, rec.instance_id or "", now=now)
         self._followups(seq.spec, now, ok=True)
@@ -171,11 +174,15 @@ class Fleet:
             self.loop.schedule(now + self._sample_interval, self._sample)
 
     # -- run -----------------------------------------------------------------------------------
-    def run(self, *, until: float | None = None, on_progress: Callable[[float], None] | None = None) -> FleetResult:
+    def run(
+        self, *, until: float | None = None, on_progress: Callable[[float], None] | None = None
+    ) -> FleetResult:
         self._next_arrival()
         self.loop.schedule(self._sample_interval, self._sample)
         self.loop.run(until=until, on_progress=on_progress)
-        end = self.loop.now
+        # The run ends with its last arrival or completion (or at ``until``), not at the sampler's
+        # last tick.
+        end = until if until is not None else self._last_activity
         for e in self.engines:
             e.record.alive_s = end
             e.record.busy_s = e.busy_seconds(end)

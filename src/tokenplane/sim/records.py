@@ -84,7 +84,7 @@ class TbtHistogram:
             return
         import math
 
-        key = int(math.floor(math.log(gap_s) * 50.0))
+        key = math.floor(math.log(gap_s) * 50.0)
         self.counts[key] = self.counts.get(key, 0) + weight
         self.total += weight
 

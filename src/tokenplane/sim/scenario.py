@@ -52,7 +52,7 @@ class FleetSettings(BaseModel):
     model: str = "llama-3-8b"
     tp: int = Field(1, gt=0)
     price_per_hour: float | None = Field(None, ge=0)
-    engine: EngineSettings = Field(default_factory=EngineSettings)
+    engine: EngineSettings = Field(default_factory=lambda: EngineSettings())
 
 
 class SloSettings(BaseModel):

@@ -19,6 +19,7 @@ weighs by size but ignores prefill/decode cost differences and cache hits).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,28 +28,36 @@ from tokenplane.core.routing._params import no_params
 from tokenplane.core.routing.candidates import NO_CANDIDATES
 from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, RouteDecision, RouteReason
 
+_UNSET = sys.maxsize  # a load no real instance reaches; saves a `best is None` test per candidate
+
 
 def least_requests(candidates: Sequence[InstanceView]) -> InstanceView | None:
     """The usable candidate with the fewest outstanding requests (first on ties), or None."""
     best: InstanceView | None = None
-    best_load = 0
+    best_load = _UNSET
     for view in candidates:
         load = view.outstanding_requests
-        if (best is None or load < best_load) and view.ready and view.healthy:
+        if load < best_load and view.ready and view.healthy:
             best = view
             best_load = load
+    if best is None:  # nothing usable, or absurd loads >= _UNSET: redo without the sentinel
+        usable_views = [v for v in candidates if v.ready and v.healthy]
+        best = min(usable_views, key=lambda v: v.outstanding_requests, default=None)
     return best
 
 
 def least_tokens(candidates: Sequence[InstanceView]) -> InstanceView | None:
     """The usable candidate with the fewest outstanding tokens (first on ties), or None."""
     best: InstanceView | None = None
-    best_load = 0
+    best_load = _UNSET
     for view in candidates:
         load = view.outstanding_tokens
-        if (best is None or load < best_load) and view.ready and view.healthy:
+        if load < best_load and view.ready and view.healthy:
             best = view
             best_load = load
+    if best is None:  # nothing usable, or absurd loads >= _UNSET: redo without the sentinel
+        usable_views = [v for v in candidates if v.ready and v.healthy]
+        best = min(usable_views, key=lambda v: v.outstanding_tokens, default=None)
     return best
 
 

@@ -28,8 +28,10 @@ Params:
 * ``max_blocks_per_instance`` (int >= 1, default 200_000): index bound per instance; LRU eviction,
   leaves first (see :mod:`~tokenplane.core.routing.prefix_index`).
 
-Cost: ``select`` is one pass over the candidates for the load check, a walk of the request's matched
-blocks, and (only when something matched) a second pass reading each candidate's depth from a dict;
+Cost: ``select`` is one bisection walk of the request's chain through the index (O(log blocks) per
+point where holders drop out, see :mod:`~tokenplane.core.routing.prefix_index`) and one pass over
+the candidates that reads loads and tests membership in the (usually tiny) set of best-matching
+instances; only when every best match is unusable does a second pass read each candidate's depth.
 ``on_routed`` O(len(block_hashes)). Memory O(instances × ``max_blocks_per_instance``).
 
 How it fails: the index records routing, not engine caches, so it drifts when engines evict
@@ -40,7 +42,7 @@ and too tight throw away cache hits. Requests with no full block (empty ``block_
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
 from tokenplane.core.registry import BuildContext, register
@@ -79,8 +81,20 @@ class PrefixAffinityRouter:
     def select(
         self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float
     ) -> RouteDecision:
+        hashes = request.block_hashes
+        depths = self.index.match(hashes) if hashes else None
+        top: Container[InstanceId] | None = None
+        if depths:
+            best_depth = max(depths.values())
+            if best_depth / len(hashes) > self.cache_threshold:
+                # Usually one or a few instances: a membership test per candidate is far cheaper
+                # than reading every candidate's depth.
+                top = depths if len(depths) == 1 else {i for i, d in depths.items() if d == best_depth}
+        # One pass: the load spread, the least-loaded instance and, among the best matches, the one
+        # with fewer outstanding requests (ties → the lowest index).
         least: InstanceView | None = None
-        min_load = max_load = 0
+        best: InstanceView | None = None
+        min_load = max_load = best_load = 0
         for view in candidates:
             if not (view.ready and view.healthy):
                 continue
@@ -93,6 +107,9 @@ class PrefixAffinityRouter:
                 min_load = load
             elif load > max_load:
                 max_load = load
+            if top is not None and view.instance_id in top and (best is None or load < best_load):
+                best = view
+                best_load = load
         if least is None:
             return NO_CANDIDATES
         if (
@@ -100,26 +117,33 @@ class PrefixAffinityRouter:
             and max_load > min_load * self.balance_rel_threshold
         ):
             return RouteDecision(least.instance_id, RouteReason.LOAD_IMBALANCE)
-
-        hashes = request.block_hashes
-        depths = self.index.match(hashes) if hashes else None
-        if depths:
-            best: InstanceView | None = None
-            best_depth = 0
-            best_load = 0
-            get = depths.get
-            for view in candidates:
-                depth = get(view.instance_id, 0)
-                if depth == 0 or depth < best_depth or not (view.ready and view.healthy):
-                    continue
-                load = view.outstanding_requests
-                if depth > best_depth or load < best_load:
-                    best = view
-                    best_depth = depth
-                    best_load = load
-            if best is not None and best_depth / len(hashes) > self.cache_threshold:
+        if top is not None:
+            if best is None and depths is not None:
+                # Rare: every best-matching instance is unusable or not a candidate.
+                best = self._next_best(candidates, depths, len(hashes))
+            if best is not None:
                 return RouteDecision(best.instance_id, RouteReason.PREFIX_MATCH)
         return RouteDecision(least.instance_id, RouteReason.PREFIX_MISS_LEAST_LOADED)
+
+    def _next_best(
+        self, candidates: Sequence[InstanceView], depths: Mapping[InstanceId, int], total: int
+    ) -> InstanceView | None:
+        """The usable candidate with the deepest match above the threshold (ties → fewer outstanding)."""
+        best: InstanceView | None = None
+        best_depth = best_load = 0
+        get = depths.get
+        for view in candidates:
+            depth = get(view.instance_id, 0)
+            if depth == 0 or depth < best_depth or not (view.ready and view.healthy):
+                continue
+            load = view.outstanding_requests
+            if depth > best_depth or load < best_load:
+                best = view
+                best_depth = depth
+                best_load = load
+        if best is None or best_depth / total <= self.cache_threshold:
+            return None
+        return best
 
     def on_routed(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
         self.index.insert(instance_id, request.block_hashes, now)

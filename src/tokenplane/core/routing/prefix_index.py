@@ -19,14 +19,15 @@ never older than any block below it. Evicting from the LRU end (when an instance
 holds stays prefix-closed. A request longer than the bound is indexed by its first
 ``max_blocks_per_instance`` blocks only.
 
-Matching (``match``) walks the request's chain with one dict lookup per block. Because holder sets
-are prefix-closed they can only shrink along a chain, so an unchanged set size means an unchanged
-set and the step costs O(1); only the steps where instances drop out cost O(instances dropped). The
-cost is proportional to the matched depth plus the number of matching instances, never to
-fleet size × blocks.
+Matching (``match``) exploits the same property: along a request's chain the holder sets are
+nested, so their sizes never grow, and equal sizes at both ends of a span mean one set throughout.
+``match`` bisects only the spans whose end sizes differ, so it costs O(log blocks) dict lookups per
+depth at which some instances drop out (typically one or two: a shared system prompt, then the one
+instance that saw the conversation), plus one entry per matching instance in the result; never
+fleet size × blocks, nor even one lookup per block.
 
-Cost: ``match`` O(depth + matched instances); ``insert`` O(len(chain) + evicted); memory
-O(instances × ``max_blocks_per_instance``).
+Cost: ``match`` O(drop-out depths × log blocks + matched instances); ``insert``
+O(len(chain) + evicted); memory O(instances × ``max_blocks_per_instance``).
 
 How it fails: it is approximate by design. It records where requests were *sent*, not what the
 engines actually keep, so an engine that evicted a prefix still counts as holding it until this

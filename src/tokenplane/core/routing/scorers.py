@@ -80,11 +80,8 @@ class KvUsageScorer:
     name = "kv-usage"
 
     def score(self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float) -> list[float]:
-        out = []
-        for v in candidates:
-            s = 1.0 - v.kv_usage
-            out.append(s if 0.0 <= s <= 1.0 else (1.0 if s > 1.0 else 0.0))  # NaN -> 0
-        return out
+        scores = [1.0 - v.kv_usage for v in candidates]
+        return [s if 0.0 <= s <= 1.0 else (1.0 if s > 1.0 else 0.0) for s in scores]  # NaN -> 0
 
 
 @register("scorer", "prefix-overlap")

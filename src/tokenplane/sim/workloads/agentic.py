@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tokenplane.core.views import WorkflowContext
@@ -29,8 +29,9 @@ from tokenplane.sim.workloads.dists import IntDist, LengthDist
 
 __all__ = ["AGENTIC_PRESETS", "AgenticWorkload"]
 
-# First id handed out for task-owned blocks; system-prompt blocks use 0..n_system-1.
-_TASK_ID_BASE = 1 << 40
+# System-prompt blocks use ids 0..n_system-1; block j of task i (numbered over all users' tasks)
+# uses ((i + 1) << 32) + j, so ids depend on nothing but the task and the block position.
+_TASK_ID_SHIFT = 32
 
 
 @dataclass(slots=True)
@@ -45,7 +46,7 @@ class _User:
     step: int = 0
     total_steps: int = 0
     context: int = 0
-    hashes: list[int] = field(default_factory=list)
+    task_id_base: int = 0
     pending: int = 0
     failed: bool = False
     first_output: int = 0
@@ -184,7 +185,6 @@ class AgenticWorkload:
         self._users: list[_User] = []
         self._by_request: dict[int, _User] = {}
         self._next_request = 0
-        self._next_block = _TASK_ID_BASE
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> AgenticWorkload:
@@ -216,7 +216,6 @@ class AgenticWorkload:
         self._users = []
         self._by_request = {}
         self._next_request = 0
-        self._next_block = _TASK_ID_BASE
         starts: list[tuple[float, _User]] = []
         for u in range(self.users):
             rng = random.Random(f"tokenplane-agentic:{self.seed}:{u}")
@@ -268,7 +267,7 @@ class AgenticWorkload:
             return []
         user.total_steps = self.steps_per_task.sample(user.rng)
         user.step = 1
-        user.hashes = []
+        user.task_id_base = (user.index * self.tasks_per_user + user.task + 1) << _TASK_ID_SHIFT
         context = self.system_prompt_tokens + max(1, user.draw_prompt())
         if self.max_context_tokens is not None:
             context = min(context, self.max_context_tokens)
@@ -279,12 +278,9 @@ class AgenticWorkload:
         block = self.hash_block_tokens
         n_full = user.context // block
         n_system = len(self._system_hashes)
-        # Task-owned full blocks already hashed in earlier steps keep their ids; new ones get fresh ids.
-        n_new = n_full - n_system - len(user.hashes)
-        if n_new > 0:
-            user.hashes.extend(range(self._next_block, self._next_block + n_new))
-            self._next_block += n_new
-        hashes = self._system_hashes[: min(n_full, n_system)] + tuple(user.hashes)
+        # Task-owned full blocks keep their ids across steps; a block is first hashed once it is full.
+        base = user.task_id_base
+        hashes = self._system_hashes[:n_full] + tuple(range(base + n_system, base + n_full))
         workflow = WorkflowContext(
             workflow_id=f"u{user.index}-t{user.task}", step=user.step, total_steps=user.total_steps
         )

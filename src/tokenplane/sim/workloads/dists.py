@@ -70,11 +70,15 @@ class LengthDist:
         return cls(kind="uniform", lo=lo, hi=hi)
 
     @classmethod
-    def lognormal(cls, mean: float, cv: float = 1.0, *, min: float = 0.0, max: float | None = None) -> LengthDist:
+    def lognormal(
+        cls, mean: float, cv: float = 1.0, *, min: float = 0.0, max: float | None = None
+    ) -> LengthDist:
         return cls(kind="lognormal", mean=mean, cv=cv, min=min, max=max)
 
     @classmethod
-    def normal(cls, mean: float, cv: float = 0.25, *, min: float = 0.0, max: float | None = None) -> LengthDist:
+    def normal(
+        cls, mean: float, cv: float = 0.25, *, min: float = 0.0, max: float | None = None
+    ) -> LengthDist:
         return cls(kind="normal", mean=mean, cv=cv, min=min, max=max)
 
     def mean_value(self) -> float:

@@ -180,7 +180,7 @@ def build_workload(cfg: Mapping[str, Any], *, traces: Path | None, seed: int) ->
     if not isinstance(cfg, Mapping):
         raise WorkloadConfigError(f"a workload config must be a mapping, got {type(cfg).__name__}")
     kind = cfg.get("type")
-    if kind not in WORKLOAD_TYPES:
+    if not isinstance(kind, str) or kind not in WORKLOAD_TYPES:
         raise WorkloadConfigError(
             f"workload config needs 'type', one of {sorted(WORKLOAD_TYPES)}; got {kind!r}"
         )

@@ -70,7 +70,9 @@ class MooncakeTrace:
                 except (ValueError, KeyError, TypeError) as exc:
                     raise ValueError(f"{self.path}:{lineno}: bad Mooncake record: {exc}") from exc
                 if ts < last_ts:
-                    raise ValueError(f"{self.path}:{lineno}: timestamp {ts} goes back in time (was {last_ts})")
+                    raise ValueError(
+                        f"{self.path}:{lineno}: timestamp {ts} goes back in time (was {last_ts})"
+                    )
                 last_ts = ts
                 keep = min(len(ids), inp // block)
                 out_tokens = max(1, out)

@@ -80,9 +80,8 @@ class ServeGenClient:
         n = len(self.dataset_starts)
         for d in range(n):
             for j in (i - d, i + d):
-                if 0 <= j < n:
-                    if self.input_pmfs[j] is not None and self.output_pmfs[j] is not None:
-                        return j
+                if 0 <= j < n and self.input_pmfs[j] is not None and self.output_pmfs[j] is not None:
+                    return j
         return None
 
 
@@ -90,7 +89,7 @@ def _parse_pmf(raw: object) -> _Pmf | None:
     pmf = ast.literal_eval(raw) if isinstance(raw, str) else raw
     if not isinstance(pmf, dict):
         raise ValueError(f"a PMF must be a dict (or its Python literal), got {type(pmf).__name__}")
-    items = sorted((int(round(float(k))), float(v)) for k, v in pmf.items() if float(v) > 0)
+    items = sorted((round(float(k)), float(v)) for k, v in pmf.items() if float(v) > 0)
     if not items:
         return None
     values: list[int] = []
@@ -224,8 +223,7 @@ class ServeGenWorkload:
     def arrivals(self) -> Iterator[RequestSpec]:
         streams = [self._client_stream(c) for c in self.clients]
         t_end = self.duration_s
-        rid = 0
-        for t, client, prompt, output in heapq.merge(*streams):
+        for rid, (t, client, prompt, output) in enumerate(heapq.merge(*streams)):
             if t_end is not None and t > t_end:
                 return
             yield RequestSpec(
@@ -237,7 +235,6 @@ class ServeGenWorkload:
                 model=self.model,
                 max_output_tokens=output,
             )
-            rid += 1
 
     def on_finished(self, spec: RequestSpec, finish_s: float, ok: bool) -> Sequence[RequestSpec]:
         return ()

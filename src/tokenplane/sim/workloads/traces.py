@@ -56,6 +56,7 @@ def require_trace(relpath: str | Path, traces: Path | None) -> Path:
     path = traces / rel
     if not path.exists():
         raise TraceNotFound(
-            f"trace {path} does not exist (traces folder {traces}; set {ENV_VAR} to the folder that holds {rel})"
+            f"trace {path} does not exist (traces folder {traces}; "
+            f"set {ENV_VAR} to the folder that holds {rel})"
         )
     return path
