@@ -184,7 +184,7 @@ def snapshot(records: list[RequestRecord]) -> list[tuple]:
     ]  # fmt: skip
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_random_fleets_complete_consistently(fakes: SimpleNamespace, seed: int) -> None:
     case = random_case(seed)

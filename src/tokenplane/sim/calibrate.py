@@ -316,13 +316,51 @@ def report(traces: Path, catalog: Catalog | None = None, scan_elementwise: bool 
     return "\n".join(lines)
 
 
+def fit_engine(measurement_dir: Path, catalog: Catalog | None = None) -> str:
+    """Grid-fit a GPU's memory and compute efficiency to a real vLLM run (for GPUs with no profile).
+
+    Minimises |TPOT mean error| + |TTFT mean error| / 3 over a coarse grid; TPOT is weighted more
+    because it reflects the step time directly, while TTFT also compounds queueing.
+    """
+    from tokenplane.sim.validation import compare, load_measurement, replay
+
+    base = catalog or Catalog.default()
+    m = load_measurement(measurement_dir)
+    gpu = base.gpu(m.gpu)
+    rows = []
+    for me in (0.7, 0.75, 0.8, 0.85, 0.9, 0.95):
+        for ce in (0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95):
+            cat = base.with_overrides({"gpus": {gpu.name: {"mem_efficiency": me, "compute_efficiency": ce}}})
+            res = compare(m, replay(m, cat))
+            tpot, ttft = res["tpot_mean_rel_error"], res["ttft_mean_rel_error"]
+            rows.append((abs(tpot) + abs(ttft) / 3, me, ce, tpot, ttft))
+    rows.sort()
+    lines = [f"{m.name}: best (mem_efficiency, compute_efficiency) for {gpu.name}"]
+    for score, me, ce, tpot, ttft in rows[:5]:
+        lines.append(
+            f"  mem={me:.2f} compute={ce:.2f}  TPOT {tpot:+.1%}  TTFT {ttft:+.1%}  score {score:.3f}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--traces", type=Path, required=True, help="the public traces folder (has gpu-profiles/)")
     ap.add_argument(
         "--scan-elementwise", action="store_true", help="also scan ELEMENTWISE_TRAFFIC_FACTOR (slower)"
     )
+    ap.add_argument(
+        "--engine-fit",
+        type=Path,
+        action="append",
+        default=[],
+        help="a vLLM measurement folder: grid-fit its GPU's efficiencies to it (repeatable)",
+    )
     args = ap.parse_args(argv)
+    for folder in args.engine_fit:
+        print(fit_engine(folder))
+    if args.engine_fit:
+        return 0
     if not (args.traces / "gpu-profiles").is_dir():
         ap.error(f"{args.traces}/gpu-profiles not found")
     print(report(args.traces, scan_elementwise=args.scan_elementwise))

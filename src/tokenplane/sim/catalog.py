@@ -231,6 +231,11 @@ _BUILTIN_GPUS: tuple[GpuSpec, ...] = (
         hbm_bw_gbps=1008,
         bf16_tflops=165.2,  # dense BF16 with FP32 accumulate (Ada whitepaper)
         price_per_hour=0.69,  # RunPod on-demand RTX 4090, 2025 (assumption)
+        # No Vidur profile exists for this GPU: efficiencies grid-fitted to the real vLLM 0.19 run
+        # in vllm-measurements/RTX4090_Llama-3.1-8B (python -m tokenplane.sim.calibrate
+        # --engine-fit ...). `tokenplane validate` on that same run is therefore a fit check.
+        mem_efficiency=0.95,
+        compute_efficiency=0.85,
         interconnect_gbps=64,  # PCIe 4.0 x16, no NVLink
         aliases=("rtx-4090", "rtx 4090", "geforce rtx 4090", "nvidia geforce rtx 4090"),
     ),
@@ -243,6 +248,10 @@ _BUILTIN_GPUS: tuple[GpuSpec, ...] = (
         # Assumption: ~504 dense BF16 TF/s (NVIDIA quotes ~4 PFLOPS sparse FP4 = 8x dense BF16).
         bf16_tflops=504,
         price_per_hour=1.79,  # typical neo-cloud on-demand RTX PRO 6000 Blackwell, 2025 (assumption)
+        # Grid-fitted to vllm-measurements/RTXPRO6000_Llama-3.1-8B (see RTX 4090 above); of the
+        # near-equal optima, the one closest to the H100/A100 profile fits.
+        mem_efficiency=0.85,
+        compute_efficiency=0.70,
         interconnect_gbps=128,  # PCIe 5.0 x16, no NVLink
         aliases=(
             "rtx-pro-6000",

@@ -68,6 +68,7 @@ class Seq:
         "hblock",
         "held",
         "info",
+        "last_token_s",
         "nbh",
         "private",
         "prompt",
@@ -102,6 +103,7 @@ class Seq:
         self.ctx0 = 0
         self.finish_step = 0
         self.residue = 0
+        self.last_token_s = 0.0
 
 
 FinishFn = Callable[[Seq, float], None]
@@ -167,12 +169,17 @@ class ContinuousEngine:
         return total <= self.capacity_tokens
 
     def submit(self, seq: Seq, now: float) -> None:
+        if not self.kv.prefix_caching:
+            seq.hashes, seq.nbh, seq.hblock = (), 0, 1
         self.waiting.append(seq)
         self.outstanding_tokens += seq.spec.prompt_tokens + seq.info.max_output_tokens
         self.dirty = True
         if not self.busy:
+            # Plan from an event queued behind everything already due now, so that requests
+            # arriving at the same instant share the first step.
             self._start_busy(now)
-            self._plan(now)
+            self.version += 1
+            self._schedule(now, self._wake, self.version)
         elif self._in_run and len(self.running) < self.cfg.max_num_seqs:
             self._interrupt(now)
 
@@ -227,9 +234,11 @@ class ContinuousEngine:
         self.running.pop(seq.uid, None)
         self.prefilling.pop(seq.uid, None)
 
-    def _preempt_newest(self) -> None:
+    def _preempt_newest(self, now: float) -> None:
         uid = next(reversed(self.running))
         seq = self.running[uid]
+        if seq.state == DECODE:
+            seq.last_token_s = now  # preemption happens at a step boundary, when it last emitted
         self._release(seq)
         seq.prompt = seq.spec.prompt_tokens + seq.generated
         seq.computed = 0
@@ -262,7 +271,7 @@ class ContinuousEngine:
         kv, bs, cfg = self.kv, self.bs, self.cfg
         need_dec = self._dec_blocks(1)
         while need_dec > kv.available and self.running:
-            self._preempt_newest()
+            self._preempt_newest(now)
             need_dec = self._dec_blocks(1)
         budget = cfg.max_num_batched_tokens - self.n_dec
         batch: list[tuple[Seq, int]] = []
@@ -315,7 +324,7 @@ class ContinuousEngine:
             if not force:
                 return False
             if self.running:
-                self._preempt_newest()
+                self._preempt_newest(now)
                 return self._plan_step(now, force=True)
             # Nothing runs, nothing is reclaimable and the head still does not fit: cannot happen
             # for requests that passed fits(); fail loudly rather than spin.
@@ -388,6 +397,10 @@ class ContinuousEngine:
         self._schedule(self._run_start + self._run_time(m), self._end_run, self.version)
 
     # -- event handlers ------------------------------------------------------------------------
+    def _wake(self, now: float, version: object) -> None:
+        if version == self.version:
+            self._plan(now)
+
     def _end_run(self, now: float, version: object) -> None:
         if version != self.version:
             return
@@ -434,9 +447,13 @@ class ContinuousEngine:
                     seq.held = upto
             if seq.computed >= seq.prompt:
                 del self.prefilling[seq.uid]
-                if seq.generated == 0:
-                    seq.generated = 1
+                # The step that completes a prefill samples a token; after a recompute
+                # preemption that is the request's next token, not its first.
+                seq.generated += 1
+                if seq.record.first_token_s is None:
                     seq.record.first_token_s = now
+                else:
+                    self.tbt.add(now - seq.last_token_s, 1)
                 if seq.generated >= seq.spec.output_tokens:
                     self._finish(seq, now)
                     continue

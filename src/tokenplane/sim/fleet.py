@@ -40,8 +40,6 @@ class FleetResult:
     duration_s: float
 
 
-
-
 class Fleet:
     def __init__(
         self,
