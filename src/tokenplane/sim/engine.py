@@ -158,7 +158,8 @@ class ContinuousEngine:
         self._run_c = 0
         self._step_dt = 0.0
         self._in_run = False
-        self.dirty = True
+        self.index = 0
+        self.changed: set[int] = set()
         self.capacity_tokens = self.kv.total_blocks * self.bs
 
     # -- public interface ----------------------------------------------------------------------
@@ -173,7 +174,7 @@ class ContinuousEngine:
             seq.hashes, seq.nbh, seq.hblock = (), 0, 1
         self.waiting.append(seq)
         self.outstanding_tokens += seq.spec.prompt_tokens + seq.info.max_output_tokens
-        self.dirty = True
+        self.changed.add(self.index)
         if not self.busy:
             # Plan from an event queued behind everything already due now, so that requests
             # arriving at the same instant share the first step.
@@ -183,8 +184,13 @@ class ContinuousEngine:
         elif self._in_run and len(self.running) < self.cfg.max_num_seqs:
             self._interrupt(now)
 
+    def bind(self, index: int, changed: set[int]) -> None:
+        """Report state changes as ``index`` into the fleet's shared ``changed`` set."""
+        self.index = index
+        self.changed = changed
+        changed.add(index)
+
     def view(self) -> InstanceView:
-        self.dirty = False
         rec = self.record
         return InstanceView(
             instance_id=self.id,
@@ -204,14 +210,20 @@ class ContinuousEngine:
 
     # -- KV helpers ----------------------------------------------------------------------------
     def _dec_blocks(self, k: int) -> int:
-        """Blocks the decoders need to advance ``k`` more steps."""
+        """Blocks the decoders need to advance ``k`` more steps.
+
+        A decoder whose context ``c`` has ``q = c % bs`` needs a new block at step ``i`` when
+        ``(q + i) % bs == 1``: every ``bs`` steps, plus once more in the last ``k % bs`` steps iff
+        ``(-q) % bs < k % bs``. Decoders are counted per residue ``r = (c - dsteps) % bs``, which
+        stays fixed as both advance together, so ``q = (dsteps + r) % bs``.
+        """
         bs = self.bs
-        s = self.dsteps
-        total = 0
-        for r, cnt in enumerate(self.residues):
-            if cnt:
-                q = (s + r) % bs
-                total += cnt * (-(-(q + k) // bs) - (-(-q // bs)))
+        full, rem = divmod(k, bs)
+        total = self.n_dec * full
+        if rem:
+            residues, s = self.residues, self.dsteps
+            for j in range(rem):
+                total += residues[(-j - s) % bs]
         return total
 
     def _release(self, seq: Seq) -> None:
@@ -252,7 +264,7 @@ class ContinuousEngine:
         self.busy_since = now
 
     def _plan(self, now: float) -> None:
-        self.dirty = True
+        self.changed.add(self.index)
         self.version += 1
         can_prefill = self.prefilling or (self.waiting and len(self.running) < self.cfg.max_num_seqs)
         if can_prefill and self._plan_step(now):
@@ -482,5 +494,5 @@ class ContinuousEngine:
         self._release(seq)
         seq.state = DONE
         self.outstanding_tokens -= seq.spec.prompt_tokens + seq.info.max_output_tokens
-        self.dirty = True
+        self.changed.add(self.index)
         self._on_finish(seq, now)

@@ -23,8 +23,9 @@ class Engine(Protocol):
     """What the fleet needs of an engine (continuous or static)."""
 
     id: str
-    dirty: bool
     record: InstanceRecord
+
+    def bind(self, index: int, changed: set[int]) -> None: ...
 
     def fits(self, spec: RequestSpec) -> bool: ...
     def submit(self, seq: Seq, now: float) -> None: ...
@@ -61,6 +62,9 @@ class Fleet:
         self.model = model
         self.bs = block_size
         self.tbt = tbt
+        self._changed: set[int] = set()
+        for i, e in enumerate(self.engines):
+            e.bind(i, self._changed)
         self.views: list[InstanceView] = [e.view() for e in self.engines]
         self.records: list[RequestRecord] = []
         self._arrivals: Iterator[RequestSpec] = iter(workload.arrivals())
@@ -118,9 +122,11 @@ class Fleet:
             workflow=spec.workflow,
         )
         views = self.views
-        for i, e in enumerate(self.engines):
-            if e.dirty:
-                views[i] = e.view()
+        if self._changed:
+            engines = self.engines
+            for i in self._changed:
+                views[i] = engines[i].view()
+            self._changed.clear()
         decision = self.router.select(info, views, now=now)
         rec.route_reason = decision.reason.value
         if decision.instance_id is None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
 
-@dataclass(slots=True)
-class RequestRecord:
+
+class RequestRecord(msgspec.Struct):
     """Timeline of one request. Times are virtual seconds; ``None`` where the stage never happened."""
 
     request_id: int

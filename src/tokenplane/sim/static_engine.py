@@ -46,7 +46,8 @@ class StaticEngine:
         self.busy = False
         self.busy_since = 0.0
         self.outstanding_tokens = 0
-        self.dirty = True
+        self.index = 0
+        self.changed: set[int] = set()
 
     def fits(self, spec: RequestSpec) -> bool:
         return spec.prompt_tokens + spec.output_tokens <= self.reserve
@@ -54,12 +55,17 @@ class StaticEngine:
     def submit(self, seq: Seq, now: float) -> None:
         self.waiting.append(seq)
         self.outstanding_tokens += seq.spec.prompt_tokens + seq.info.max_output_tokens
-        self.dirty = True
+        self.changed.add(self.index)
         if not self.busy:
             self._start_batch(now)
 
+    def bind(self, index: int, changed: set[int]) -> None:
+        """Report state changes as ``index`` into the fleet's shared ``changed`` set."""
+        self.index = index
+        self.changed = changed
+        changed.add(index)
+
     def view(self) -> InstanceView:
-        self.dirty = False
         rec = self.record
         in_batch = len(self.batch)
         return InstanceView(
@@ -81,7 +87,7 @@ class StaticEngine:
     def _start_batch(self, now: float) -> None:
         batch = [self.waiting.popleft() for _ in range(min(self.slots, len(self.waiting)))]
         self.batch = batch
-        self.dirty = True
+        self.changed.add(self.index)
         if not batch:
             if self.busy:
                 self.busy = False

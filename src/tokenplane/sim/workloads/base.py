@@ -8,14 +8,14 @@ sources (agentic users who think between steps) also return follow-up requests f
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Protocol
+
+import msgspec
 
 from tokenplane.core.views import WorkflowContext
 
 
-@dataclass(frozen=True, slots=True)
-class RequestSpec:
+class RequestSpec(msgspec.Struct, frozen=True):
     """One model call as the workload defines it.
 
     ``block_hashes`` are chained prefix-block ids, one per full block of ``hash_block_tokens`` prompt
