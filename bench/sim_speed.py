@@ -65,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if traces_dir() is not None:
         mc = {"type": "mooncake", "path": "mooncake/conversation_trace.jsonl"}
         out["mooncake_16"] = _run("mooncake_16", "round-robin", 16, "llama-3.1-8b", mc)
-        out["mooncake_16_prefix_affinity"] = _run(
-            "mooncake_16_pa", "prefix-affinity", 16, "llama-3.1-8b", mc
-        )
+        out["mooncake_16_prefix_affinity"] = _run("mooncake_16_pa", "prefix-affinity", 16, "llama-3.1-8b", mc)
         out["mooncake_16_wall_s"] = out["mooncake_16"]["wall_s"]
     else:
         print("traces folder not found: skipping the Mooncake figure", file=sys.stderr)

@@ -71,7 +71,7 @@ def simulate(
         _fail(str(exc))
         return
     show = sys.stderr.isatty() if progress is None else progress
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     console.print(
         f"[bold]{sc.name}[/]: {len(sc.runs)} run(s)" + (f" — {sc.description}" if sc.description else "")
     )
@@ -129,8 +129,8 @@ def validate(
         print_validation(results, Console())
 
 
-@app.command("scenario-schema")
-def scenario_schema() -> None:
+@app.command("example-scenario")
+def example_scenario() -> None:
     """Print the embedded default scenario, a starting point for your own."""
     typer.echo(default_scenario_text())
 

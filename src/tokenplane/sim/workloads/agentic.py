@@ -92,6 +92,9 @@ AGENTIC_PRESETS: Mapping[str, Mapping[str, Any]] = {
         "think_time_s": LengthDist.lognormal(3.0, 1.0, max=60.0),
         "user_start_spread_s": 30.0,
         "max_context_tokens": 128_000,
+        # Contexts reach 100k tokens: hash in 256-token blocks (16 KV blocks) so that matching a
+        # prompt walks ~500 ids, not ~8,000; at most 255 reusable tokens per call are not counted.
+        "hash_block_tokens": 256,
     },
     # Long-running autonomous agents: hundreds to thousands of small steps under a context cap.
     "autonomous": {
@@ -105,6 +108,7 @@ AGENTIC_PRESETS: Mapping[str, Mapping[str, Any]] = {
         "think_time_s": LengthDist.lognormal(1.0, 1.0, max=30.0),
         "user_start_spread_s": 30.0,
         "max_context_tokens": 200_000,
+        "hash_block_tokens": 256,  # as for research
     },
 }
 
