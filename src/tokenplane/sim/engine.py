@@ -107,6 +107,7 @@ class Seq:
 
 
 FinishFn = Callable[[Seq, float], None]
+TokenFn = Callable[[Seq, float], None]
 ScheduleFn = Callable[[float, Callable[[float, object], None], object], None]
 
 
@@ -123,10 +124,14 @@ class ContinuousEngine:
         on_finish: FinishFn,
         record: InstanceRecord,
         tbt: TbtHistogram,
+        on_token: TokenFn | None = None,
     ) -> None:
         self.id = instance_id
         self.cfg = config
         self.model = step_times
+        # Real-time use (the emulator) needs every token as it is produced: then the engine steps
+        # one iteration at a time and reports each token through ``on_token``.
+        self.on_token = on_token
         self.bs = config.block_size
         self.kv = KVCache(
             max(1, config.kv_capacity_tokens // config.block_size),
@@ -190,6 +195,29 @@ class ContinuousEngine:
         self.changed = changed
         changed.add(index)
 
+    def abort(self, seq: Seq, now: float) -> bool:
+        """Drop a request (its client went away); False if it already finished."""
+        if seq.state == DONE:
+            return False
+        if seq.state == WAITING:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                return False
+        else:
+            inflight = int(seq.state == DECODE and self.busy and not self._in_run)
+            if inflight:
+                self._run_n -= 1
+            self._release(seq, inflight)
+        seq.state = DONE
+        self.outstanding_tokens -= seq.spec.prompt_tokens + seq.info.max_output_tokens
+        self.changed.add(self.index)
+        if not self.running and not self.waiting and self.busy:
+            self.version += 1  # cancel the planned step; nothing is left to run
+            self.busy = False
+            self.record.busy_s += now - self.busy_since
+        return True
+
     def view(self) -> InstanceView:
         rec = self.record
         return InstanceView(
@@ -226,11 +254,12 @@ class ContinuousEngine:
                 total += residues[(-j - s) % bs]
         return total
 
-    def _release(self, seq: Seq) -> None:
+    def _release(self, seq: Seq, inflight: int = 0) -> None:
+        """Free what ``seq`` holds; ``inflight=1`` when a planned step already allocated for it."""
         kv = self.kv
         if seq.state == DECODE:
             ctx = seq.ctx0 + (self.dsteps - seq.step0)
-            private = -(-ctx // self.bs) - seq.held * seq.nbh
+            private = -(-(ctx + inflight) // self.bs) - seq.held * seq.nbh
             self.residues[seq.residue] -= 1
             self.n_dec -= 1
             self.sum_ctx -= ctx
@@ -270,7 +299,10 @@ class ContinuousEngine:
         if can_prefill and self._plan_step(now):
             return
         if self.n_dec:
-            self._plan_run(now)
+            if self.on_token is None:
+                self._plan_run(now)
+            else:
+                self._plan_step(now, force=True)
             return
         if self.waiting or self.prefilling:  # stuck on KV with nothing decoding: make room
             self._plan_step(now, force=True)
@@ -446,8 +478,15 @@ class ContinuousEngine:
         self.record.steps += 1
         if self._run_n:
             self.tbt.add(self._step_dt, self._run_n)
+            if self.on_token is not None:
+                emit = self.on_token
+                for seq in list(self.running.values()):
+                    if seq.state == DECODE and seq.step0 < self.dsteps:
+                        emit(seq, now)
         kv = self.kv
         for seq, c in self._batch:
+            if seq.state != PREFILL:  # aborted while the step ran
+                continue
             seq.computed += c
             if seq.hashes:
                 upto = min(len(seq.hashes), seq.computed // seq.hblock)
@@ -466,6 +505,8 @@ class ContinuousEngine:
                     seq.record.first_token_s = now
                 else:
                     self.tbt.add(now - seq.last_token_s, 1)
+                if self.on_token is not None:
+                    self.on_token(seq, now)
                 if seq.generated >= seq.spec.output_tokens:
                     self._finish(seq, now)
                     continue
