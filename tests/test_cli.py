@@ -226,6 +226,18 @@ def test_bad_workload_field_is_a_usage_error(tmp_path: Path) -> None:
     assert "rate_rsp" in _flat(result.stderr)
 
 
+def test_missing_trace_under_traces_option_names_it(tmp_path: Path) -> None:
+    empty = tmp_path / "no-traces"
+    empty.mkdir()
+    doc = {**SMALL, "workload": {"type": "mooncake", "path": "mooncake/conversation_trace.jsonl"}}
+    result = _invoke(
+        "simulate", str(_write(tmp_path, doc)), "--out", str(tmp_path / "out"), "--traces", str(empty)
+    )
+    assert result.exit_code == 2
+    msg = _flat(result.stderr)
+    assert "conversation_trace.jsonl" in msg and str(empty) in msg
+
+
 def test_simulate_without_scenario_runs_the_embedded_default(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = _invoke("simulate", "--out", str(out), "--no-progress", "--no-plots")
@@ -374,3 +386,23 @@ def test_validate_unknown_hardware_is_a_usage_error(tmp_path: Path) -> None:
     result = _invoke("validate", "--measurements", str(folder), "--json")
     assert result.exit_code == 2
     assert "TPU-v9" in _flat(result.stderr)
+
+
+def test_policy_applies_to_the_selected_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = _invoke(
+        "simulate", str(_write(tmp_path, SMALL)), "--out", str(out), "--run", "pa", "--policy", "random",
+        "--no-progress", "--no-plots",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    runs = _report(out)["runs"]
+    assert list(runs) == ["random"]
+    assert runs["random"]["router"] == "random"
+
+
+def test_out_that_is_a_file_is_a_usage_error(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    result = _invoke("simulate", str(_write(tmp_path, SMALL)), "--out", str(afile), "--no-progress")
+    assert result.exit_code == 2
+    assert str(afile) in _flat(result.stderr)

@@ -60,16 +60,18 @@ def simulate(
             sc = parse_scenario(yaml.safe_load(default_scenario_text()), source="<embedded default>")
         else:
             sc = load_scenario(scenario)
-        if policy:
-            sc = with_policy(sc, policy)
         if run:
             unknown = set(run) - {r.name for r in sc.runs}
             if unknown:
                 _fail(f"unknown run(s) {sorted(unknown)}; scenario has {[r.name for r in sc.runs]}")
             sc = sc.model_copy(update={"runs": [r for r in sc.runs if r.name in run]})
+        if policy:
+            sc = with_policy(sc, policy)
     except ScenarioError as exc:
         _fail(str(exc))
         return
+    if out.exists() and not out.is_dir():
+        _fail(f"--out {out} exists and is not a folder")
     show = sys.stderr.isatty() if progress is None else progress
     console = Console() if sys.stdout.isatty() else Console(width=200)
     console.print(

@@ -144,6 +144,7 @@ def make_fleet(
             cfg,
             model or ConstModel(),  # type: ignore[arg-type]
             schedule=loop.schedule,
+            schedule_late=loop.schedule_late,
             on_finish=on_finish,
             record=InstanceRecord(f"i{k}", "FAKE", "m", 1.0),
             tbt=tbt,

@@ -248,7 +248,7 @@ def test_trace_workload_without_the_trace_names_it(tmp_path: Path) -> None:
     sc = parse_scenario(
         _scenario([{"name": "m"}], workload={"type": "mooncake", "path": "mooncake/conversation_trace.jsonl"})
     )
-    with pytest.raises(WorkloadConfigError, match="conversation_trace.jsonl"):
+    with pytest.raises(WorkloadConfigError, match=r"conversation_trace\.jsonl"):
         run_scenario(sc, traces=tmp_path)
 
 

@@ -233,3 +233,17 @@ def test_embedded_default_and_examples_parse() -> None:
     assert static.fleet.engine.kind == "static"
     assert static.fleet.engine.max_model_len == 8192  # from the base engine
     assert continuous.fleet.engine.kind == "continuous"
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"workload": {"type": "synthetic", "rate_rsp": 3}},
+        {"workload": {"type": "synthetic", "rate_rps": 0}},
+        {"router": "round-robbin"},
+    ],
+    ids=["workload-typo", "workload-bad-value", "router-typo"],
+)
+def test_run_workload_and_router_are_validated_at_load(override: dict[str, Any]) -> None:
+    with pytest.raises(ScenarioError, match=r"runs\[1\]"):
+        parse_scenario(_base(runs=[{"name": "ok"}, {"name": "bad", **override}]))

@@ -41,6 +41,7 @@ def make_static(
         config,
         model,  # type: ignore[arg-type]
         schedule=loop.schedule,
+        schedule_late=loop.schedule_late,
         on_finish=lambda seq, t: holder[0].on_finish(seq, t),
         record=InstanceRecord("s0", "FAKE", "m", 1.0),
         tbt=tbt,
@@ -137,14 +138,6 @@ def test_const_model_batch_finishes_at_own_last_token(fakes: SimpleNamespace) ->
     assert h.tbt.percentile(50) == pytest.approx(dt, rel=0.02)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: StaticEngine.submit starts a batch synchronously on the first submit of an idle engine, "
-        "so requests arriving at the same instant do not share the batch (ContinuousEngine defers via "
-        "a wake event for exactly this)"
-    ),
-)
 def test_same_instant_arrivals_share_the_first_batch(fakes: SimpleNamespace) -> None:
     specs = [RequestSpec(i, 0.0, 10, o) for i, o in enumerate((2, 5, 10))]
     h = make_static(fakes, specs, BIG, fakes.ConstModel(0.01))

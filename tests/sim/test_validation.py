@@ -11,8 +11,8 @@ import pytest
 from tokenplane.sim.catalog import Catalog
 from tokenplane.sim.records import RequestRecord
 from tokenplane.sim.validation import (
-    Measurement,
     MeasuredRequest,
+    Measurement,
     ValidationError,
     compare,
     load_measurement,
@@ -114,11 +114,11 @@ def test_load_measurement_skips_blank_lines(tmp_path: Path) -> None:
         ('{"input_toks": 10, "output_toks": 2, "queued_ts": 1.0, "first_token_ts": 1.1}', "last_token_ts"),
         ("not json", "bad record"),
         (
-            '{"input_toks": "ten", "output_toks": 2, "queued_ts": 1, "first_token_ts": 1, "last_token_ts": 1}',
+            '{"input_toks": "ten", "output_toks": 2, "queued_ts": 1, "first_token_ts": 1, "last_token_ts":1}',
             "ten",
         ),
         (
-            '{"input_toks": 10, "output_toks": 2, "queued_ts": null, "first_token_ts": 1, "last_token_ts": 1}',
+            '{"input_toks": 10, "output_toks": 2, "queued_ts": null, "first_token_ts": 1, "last_token_ts":1}',
             "bad",
         ),
         ("[1, 2, 3]", "bad record"),
@@ -135,7 +135,7 @@ def test_bad_record_names_file_and_line(tmp_path: Path, second_line: str, what: 
 
 
 def test_missing_or_empty_inputs(tmp_path: Path) -> None:
-    with pytest.raises(ValidationError, match="no requests.jsonl"):
+    with pytest.raises(ValidationError, match=r"no requests\.jsonl"):
         load_measurement(tmp_path)
     with pytest.raises(ValidationError, match="empty"):
         load_measurement(_folder(tmp_path, "\n", name="empty"))
@@ -143,7 +143,7 @@ def test_missing_or_empty_inputs(tmp_path: Path) -> None:
         load_measurement(_folder(tmp_path, [_record(0, 1, 1, 0, 0)], meta={}, config={}, name="anon"))
     bad = _folder(tmp_path, [_record(0, 1, 1, 0, 0)], meta=None, name="badmeta")
     (bad / "meta.json").write_text("{not json")
-    with pytest.raises(ValidationError, match="meta.json: invalid JSON"):
+    with pytest.raises(ValidationError, match=r"meta\.json: invalid JSON"):
         load_measurement(bad)
 
 
@@ -245,7 +245,7 @@ def test_replay_and_validate_runs_on_a_generated_folder(tmp_path: Path) -> None:
 def test_replay_unknown_hardware_is_a_validation_error(tmp_path: Path) -> None:
     config = {"nodes": [{"instances": [{"hardware": "TPU-v9", "model_name": "llama-3-8b"}]}]}
     folder = _folder(tmp_path, [_record(0.0, 10, 2, 0.1, 0.2)], config=config)
-    with pytest.raises(ValidationError, match="TPU-v9.*catalogue"):
+    with pytest.raises(ValidationError, match=r"TPU-v9.*catalogue"):
         validate_runs([folder])
 
 
@@ -271,3 +271,18 @@ def test_real_vllm_runs_are_reproduced() -> None:
         assert res["requests_completed"] == res["requests"], res["name"]
         assert abs(res["tpot_mean_rel_error"]) <= 0.05, (res["name"], res["tpot_mean_rel_error"])
         assert abs(res["ttft_mean_rel_error"]) <= 0.15, (res["name"], res["ttft_mean_rel_error"])
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        [],
+        {"model": "llama-3-8b", "hardware": {"device_name": "H100"}, "engine_kwargs": {"max_num_seqs": "x"}},
+    ],
+    ids=["list", "non-numeric"],
+)
+def test_malformed_meta_is_a_validation_error(tmp_path: Path, meta: Any) -> None:
+    folder = _folder(tmp_path, [_record(0.0, 10, 2, 0.1, 0.2)], meta=None, config=None)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValidationError, match=r"meta\.json"):
+        load_measurement(folder)

@@ -124,6 +124,7 @@ class ContinuousEngine:
         on_finish: FinishFn,
         record: InstanceRecord,
         tbt: TbtHistogram,
+        schedule_late: ScheduleFn | None = None,
         on_token: TokenFn | None = None,
     ) -> None:
         self.id = instance_id
@@ -139,6 +140,7 @@ class ContinuousEngine:
             prefix_caching=config.enable_prefix_caching,
         )
         self._schedule = schedule
+        self._schedule_late = schedule_late or schedule
         self._on_finish = on_finish
         self.record = record
         self.tbt = tbt
@@ -185,7 +187,7 @@ class ContinuousEngine:
             # arriving at the same instant share the first step.
             self._start_busy(now)
             self.version += 1
-            self._schedule(now, self._wake, self.version)
+            self._schedule_late(now, self._wake, self.version)
         elif self._in_run and len(self.running) < self.cfg.max_num_seqs:
             self._interrupt(now)
 

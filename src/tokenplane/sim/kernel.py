@@ -11,6 +11,8 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
+_LATE = 1 << 62
+
 
 class EventLoop:
     __slots__ = ("_heap", "_seq", "now")
@@ -25,6 +27,13 @@ class EventLoop:
             at = self.now
         self._seq += 1
         heapq.heappush(self._heap, (at, self._seq, callback, arg))
+
+    def schedule_late(self, at: float, callback: Callable[[float, Any], None], arg: Any = None) -> None:
+        """Like :meth:`schedule`, but after every ordinary event at the same time, even later ones."""
+        if at < self.now:
+            at = self.now
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq + _LATE, callback, arg))
 
     def __len__(self) -> int:
         return len(self._heap)

@@ -82,6 +82,7 @@ def simulate(
             cfg,
             steps,
             schedule=loop.schedule,
+            schedule_late=loop.schedule_late,
             on_finish=on_finish,
             record=InstanceRecord(f"{gpu.name.lower()}-{i}", gpu.name, model.name, price),
             tbt=tbt,

@@ -18,12 +18,17 @@ with the path of the field. Each run deep-merges its overrides (``router``, ``fl
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tokenplane.core.errors import InvalidPolicyConfig
+from tokenplane.core.routing import build_router
+from tokenplane.sim.workloads.factory import WorkloadConfigError, check_workload_config
 
 
 class ScenarioError(ValueError):
@@ -155,10 +160,18 @@ def parse_scenario(raw: Any, *, source: str | None = None) -> Scenario:
         if merged["name"] in seen:
             raise ScenarioError(f"{where}: runs[{i}]: duplicate run name {merged['name']!r}")
         seen.add(merged["name"])
+        label = f"{where}: runs[{i}] ({merged['name']})"
         try:
             runs.append(RunSettings.model_validate(merged))
         except ValidationError as exc:
-            raise ScenarioError(f"{where}: runs[{i}] ({merged['name']}): {_describe(exc)}") from exc
+            raise ScenarioError(f"{label}: {_describe(exc)}") from exc
+        # Fail at load, not after earlier runs were simulated: build the router once and check
+        # the workload's fields (trace files are opened only when the run starts).
+        try:
+            build_router(merged["router"], random.Random(0))
+            check_workload_config(merged["workload"])
+        except (InvalidPolicyConfig, WorkloadConfigError) as exc:
+            raise ScenarioError(f"{label}: {exc}") from exc
     return Scenario(
         name=base.name,
         description=base.description,
@@ -182,6 +195,10 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def with_policy(scenario: Scenario, policy: str) -> Scenario:
     """Keep the scenario's first run but route with ``policy`` (the ``--policy`` override)."""
+    try:
+        build_router(policy, random.Random(0))
+    except InvalidPolicyConfig as exc:
+        raise ScenarioError(f"--policy: {exc}") from exc
     first = scenario.runs[0]
     run = first.model_copy(update={"name": policy, "router": policy})
     return scenario.model_copy(update={"runs": [run]})

@@ -30,11 +30,13 @@ class StaticEngine:
         on_finish: FinishFn,
         record: InstanceRecord,
         tbt: TbtHistogram,
+        schedule_late: ScheduleFn | None = None,
     ) -> None:
         self.id = instance_id
         self.cfg = config
         self.model = step_times
         self._schedule = schedule
+        self._schedule_late = schedule_late or schedule
         self._on_finish = on_finish
         self.record = record
         self.tbt = tbt
@@ -57,7 +59,11 @@ class StaticEngine:
         self.outstanding_tokens += seq.spec.prompt_tokens + seq.info.max_output_tokens
         self.changed.add(self.index)
         if not self.busy:
-            self._start_batch(now)
+            # Start from an event queued behind everything already due now, so that requests
+            # arriving at the same instant share the first batch.
+            self.busy = True
+            self.busy_since = now
+            self._schedule_late(now, self._end_batch, None)
 
     def bind(self, index: int, changed: set[int]) -> None:
         """Report state changes as ``index`` into the fleet's shared ``changed`` set."""
@@ -123,7 +129,8 @@ class StaticEngine:
         self._schedule(first + decode_time(max_o - 1), self._end_batch, None)
 
     def _end_batch(self, now: float, _: object) -> None:
-        for t, _, seq in self._finishes:
+        finishes, self._finishes = self._finishes, []
+        for t, _, seq in finishes:
             self.outstanding_tokens -= seq.spec.prompt_tokens + seq.info.max_output_tokens
             self._on_finish(seq, t)
         self._start_batch(now)

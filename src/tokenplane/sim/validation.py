@@ -91,8 +91,12 @@ def load_measurement(folder: Path) -> Measurement:
         raise ValidationError(f"{folder}: no requests.jsonl (is this a vLLM measurement folder?)")
     meta = _read_json(folder / "meta.json") if (folder / "meta.json").is_file() else {}
     config = _read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
-    kwargs = meta.get("engine_kwargs", {})
+    if not isinstance(meta, dict) or not isinstance(config, dict):
+        raise ValidationError(f"{folder}: meta.json and config.json must each hold a JSON object")
+    kwargs = meta.get("engine_kwargs") or {}
     kv = meta.get("kv_cache") or {}
+    if not isinstance(kwargs, dict) or not isinstance(kv, dict):
+        raise ValidationError(f"{folder / 'meta.json'}: engine_kwargs and kv_cache must be objects")
     try:
         inst = config["nodes"][0]["instances"][0]
     except (KeyError, IndexError, TypeError):
@@ -101,9 +105,12 @@ def load_measurement(folder: Path) -> Measurement:
     model = inst.get("model_name") or meta.get("model") or kwargs.get("model")
     if not gpu or not model:
         raise ValidationError(f"{folder}: config.json/meta.json name no hardware or model")
-    block_size = int(kv.get("block_size") or 16)
-    kv_tokens = int(kv["num_gpu_blocks"]) * block_size if kv.get("num_gpu_blocks") else None
-    util = float(kv.get("gpu_memory_utilization") or (inst.get("npu_mem") or {}).get("mem_util") or 0.9)
+    try:
+        block_size = int(kv.get("block_size") or 16)
+        kv_tokens = int(kv["num_gpu_blocks"]) * block_size if kv.get("num_gpu_blocks") else None
+        util = float(kv.get("gpu_memory_utilization") or (inst.get("npu_mem") or {}).get("mem_util") or 0.9)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ValidationError(f"{folder}: bad kv_cache or npu_mem setting: {exc}") from exc
     raw = []
     with (folder / "requests.jsonl").open() as fh:
         for n, line in enumerate(fh, 1):
@@ -136,6 +143,24 @@ def load_measurement(folder: Path) -> Measurement:
         )
         for q, p, o, first, last in raw
     )
+    try:
+        return _measurement(folder, gpu, model, kwargs, inst, block_size, kv_tokens, util, kv, requests)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(f"{folder / 'meta.json'}: bad engine setting: {exc}") from exc
+
+
+def _measurement(
+    folder: Path,
+    gpu: Any,
+    model: Any,
+    kwargs: dict[str, Any],
+    inst: dict[str, Any],
+    block_size: int,
+    kv_tokens: int | None,
+    util: float,
+    kv: dict[str, Any],
+    requests: tuple[MeasuredRequest, ...],
+) -> Measurement:
     return Measurement(
         name=folder.name,
         gpu=str(gpu),

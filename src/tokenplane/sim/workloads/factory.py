@@ -30,7 +30,7 @@ from tokenplane.sim.workloads.servegen import ServeGenWorkload
 from tokenplane.sim.workloads.synthetic import SyntheticWorkload
 from tokenplane.sim.workloads.traces import TraceNotFound, require_trace
 
-__all__ = ["WORKLOAD_TYPES", "WorkloadConfigError", "build_workload"]
+__all__ = ["WORKLOAD_TYPES", "WorkloadConfigError", "build_workload", "check_workload_config"]
 
 
 class WorkloadConfigError(ValueError):
@@ -171,12 +171,8 @@ def _resolve(path: str, traces: Path | None) -> Path:
         raise WorkloadConfigError(str(exc)) from exc
 
 
-def build_workload(cfg: Mapping[str, Any], *, traces: Path | None, seed: int) -> Workload:
-    """The workload ``cfg`` describes; ``seed`` is used unless the config sets its own ``seed``.
-
-    Raises :class:`WorkloadConfigError` for an unknown ``type``, an unknown or mistyped field, a
-    bad value or a trace file that cannot be found.
-    """
+def check_workload_config(cfg: Mapping[str, Any]) -> _Strict:
+    """Validate a workload config without building it (no trace files are opened)."""
     if not isinstance(cfg, Mapping):
         raise WorkloadConfigError(f"a workload config must be a mapping, got {type(cfg).__name__}")
     kind = cfg.get("type")
@@ -185,9 +181,19 @@ def build_workload(cfg: Mapping[str, Any], *, traces: Path | None, seed: int) ->
             f"workload config needs 'type', one of {sorted(WORKLOAD_TYPES)}; got {kind!r}"
         )
     try:
-        parsed = WORKLOAD_TYPES[kind].model_validate(dict(cfg))
+        return WORKLOAD_TYPES[kind].model_validate(dict(cfg))
     except ValidationError as exc:
         raise WorkloadConfigError(_format_errors(kind, exc)) from None
+
+
+def build_workload(cfg: Mapping[str, Any], *, traces: Path | None, seed: int) -> Workload:
+    """The workload ``cfg`` describes; ``seed`` is used unless the config sets its own ``seed``.
+
+    Raises :class:`WorkloadConfigError` for an unknown ``type``, an unknown or mistyped field, a
+    bad value or a trace file that cannot be found.
+    """
+    parsed = check_workload_config(cfg)
+    kind = cfg["type"]
     try:
         return _build(parsed, traces, seed)
     except (ValueError, FileNotFoundError) as exc:
