@@ -84,9 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for name, fig in out.items():
         if isinstance(fig, dict):
+            rate, speedup = fig["requests_per_wall_s"], fig["speedup_over_real_time"]
             print(
                 f"{name:32s} {fig['requests']:>9,d} requests  {fig['wall_s']:7.2f} s wall  "
-                f"{fig['requests_per_wall_s']:>10,.0f} req/s  {fig['speedup_over_real_time']:>8,.0f}x real time"
+                f"{rate:>10,.0f} req/s  {speedup:>8,.0f}x real time"
             )
     return 0
 
