@@ -162,6 +162,9 @@ class ContinuousEngine:
         self._run_k = 0
         self._run_n = 0
         self._run_a = 0.0
+        self._run_b = 0.0
+        self.slow = 1.0  # step-time multiplier: a degraded GPU (thermal throttling, bad HBM, noisy host)
+        self.alive = True
         self._run_c = 0
         self._step_dt = 0.0
         self._in_run = False
@@ -196,6 +199,50 @@ class ContinuousEngine:
         self.index = index
         self.changed = changed
         changed.add(index)
+
+    def set_slow(self, factor: float, now: float) -> None:
+        """Multiply step times by ``factor`` from the next step boundary on."""
+        self.slow = factor
+        if self.busy and self._in_run:
+            self._interrupt(now, force=True)
+
+    def fail_all(self, now: float) -> list[Seq]:
+        """The instance is lost: every request in it fails and its KV cache is gone."""
+        lost = [*self.running.values(), *self.waiting]
+        done_steps = self._completed_steps(now) if self._in_run else 0
+        for seq in lost:
+            if seq.state == DECODE:  # count what it streamed before the loss
+                seq.generated += self.dsteps + done_steps - seq.step0
+            seq.state = DONE
+            seq.epoch += 1
+        self.running.clear()
+        self.prefilling.clear()
+        self.waiting.clear()
+        self.dec_heap.clear()
+        self.residues = [0] * self.bs
+        self.n_dec = self.sum_ctx = 0
+        self.outstanding_tokens = 0
+        self.kv = KVCache(self.kv.total_blocks, self.bs, prefix_caching=self.kv.prefix_caching)
+        self.version += 1
+        if self.busy:
+            self.busy = False
+            self.record.busy_s += now - self.busy_since
+        self._in_run = False
+        self._batch = []
+        self.changed.add(self.index)
+        return lost
+
+    def _completed_steps(self, now: float) -> int:
+        """Steps of the decode run in flight that have finished by ``now``."""
+        lo, hi = 0, self._run_k  # largest m with run_time(m) <= elapsed
+        elapsed = now - self._run_start
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._run_time(mid) <= elapsed:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def abort(self, seq: Seq, now: float) -> bool:
         """Drop a request (its client went away); False if it already finished."""
@@ -378,7 +425,7 @@ class ContinuousEngine:
         num_tokens = self.n_dec + sum(c for _, c in batch)
         model = self.model
         dt = model.linear_time(num_tokens) + model.decode_kv_s_per_token * self.sum_ctx
-        dt += model.prefill_s_per_pair * pairs
+        dt = (dt + model.prefill_s_per_pair * pairs) * self.slow
         self._batch = batch
         self._run_n = self.n_dec
         self._step_dt = dt
@@ -405,7 +452,8 @@ class ContinuousEngine:
                 self._plan_step(now, force=True)
                 return
         n = self.n_dec
-        a = self.model.linear_time(n)
+        a = self.model.linear_time(n) * self.slow
+        self._run_b = self.model.decode_kv_s_per_token * self.slow
         self._run_start = now
         self._run_k = k
         self._run_n = n
@@ -415,16 +463,16 @@ class ContinuousEngine:
         self._schedule(now + self._run_time(k), self._end_run, self.version)
 
     def _run_time(self, m: int) -> float:
-        b = self.model.decode_kv_s_per_token
+        b = self._run_b
         return m * self._run_a + b * (m * self._run_c + self._run_n * m * (m - 1) / 2)
 
-    def _interrupt(self, now: float) -> None:
+    def _interrupt(self, now: float, force: bool = False) -> None:
         """An arrival during a decode run: stop the run at the step boundary after ``now``."""
         elapsed = now - self._run_start
         if elapsed <= 0:
             m = 0
         else:
-            b = self.model.decode_kv_s_per_token
+            b = self._run_b
             qa = b * self._run_n / 2
             qb = self._run_a + b * self._run_c - qa
             if qa > 0:
@@ -436,7 +484,7 @@ class ContinuousEngine:
                 m -= 1
             while m < self._run_k and self._run_time(m) < elapsed:
                 m += 1
-        if m >= self._run_k:
+        if m >= self._run_k and not force:
             return
         self.version += 1
         self._run_k = m
@@ -455,7 +503,7 @@ class ContinuousEngine:
         if k:
             if not self.kv.allocate(self._dec_blocks(k)):  # pragma: no cover - planned to fit
                 raise RuntimeError("decode run overran the KV cache")
-            a, b, c = self._run_a, self.model.decode_kv_s_per_token, self._run_c
+            a, b, c = self._run_a, self._run_b, self._run_c
             first = a + b * c
             last = a + b * (c + (k - 1) * n)
             if last <= first * 1.02 or k < 4:
