@@ -164,7 +164,7 @@ class ContinuousEngine:
         self._run_a = 0.0
         self._run_b = 0.0
         self.slow = 1.0  # step-time multiplier: a degraded GPU (thermal throttling, bad HBM, noisy host)
-        self.alive = True
+        self.ready = True  # accepts new work (false while lost, draining or warming up)
         self._run_c = 0
         self._step_dt = 0.0
         self._in_run = False
@@ -273,6 +273,7 @@ class ContinuousEngine:
             instance_id=self.id,
             model=rec.model,
             gpu=rec.gpu,
+            ready=self.ready,
             outstanding_requests=len(self.running) + len(self.waiting),
             outstanding_tokens=self.outstanding_tokens,
             running=len(self.running),

@@ -8,8 +8,8 @@ decision in virtual time.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from tokenplane.core.routing.base import Router
 from tokenplane.core.views import InstanceView, RequestInfo
@@ -39,6 +39,7 @@ class FleetResult:
     instances: list[InstanceRecord]
     tbt: TbtHistogram
     duration_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Fleet:
@@ -89,25 +90,13 @@ class Fleet:
     def _admit(self, now: float, spec: RequestSpec) -> None:
         self._last_activity = now
         hashes = spec.block_hashes
-        bound = 0
-        if hashes:
-            seen = self._seen_hashes
-            hb = spec.hash_block_tokens
-            limit = (spec.prompt_tokens - 1) // hb
-            n = 0
-            for h in hashes:
-                if n >= limit or h not in seen:
-                    break
-                n += 1
-            bound = n * hb
-            seen.update(hashes)
         rec = RequestRecord(
             request_id=spec.request_id,
             tenant=spec.tenant,
             arrival_s=now,
             prompt_tokens=spec.prompt_tokens,
             output_tokens=spec.output_tokens,
-            prefix_bound_tokens=bound,
+            prefix_bound_tokens=self._prefix_bound(spec) if hashes else 0,
         )
         self.records.append(rec)
         info = RequestInfo(
@@ -141,6 +130,22 @@ class Fleet:
         self._uid += 1
         self._in_flight += 1
         engine.submit(Seq(self._uid, spec, info, rec, self.bs), now)
+
+    def _prefix_bound(self, spec: RequestSpec) -> int:
+        """Prompt tokens one infinite cache shared by the fleet would hold for ``spec``."""
+        hashes = spec.block_hashes
+        if not hashes:
+            return 0
+        seen = self._seen_hashes
+        hb = spec.hash_block_tokens
+        limit = (spec.prompt_tokens - 1) // hb
+        n = 0
+        for h in hashes:
+            if n >= limit or h not in seen:
+                break
+            n += 1
+        seen.update(hashes)
+        return n * hb
 
     def _fail(self, rec: RequestRecord, spec: RequestSpec, now: float, reason: str) -> None:
         rec.ok = False

@@ -25,6 +25,8 @@ class RequestRecord(msgspec.Struct):
     ok: bool = False
     reason: str = ""
     route_reason: str = ""
+    attempts: int = 1
+    interrupted: bool = False
 
     @property
     def queue_s(self) -> float | None:

@@ -17,6 +17,7 @@ from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.perf_model import StepTimeModel
 from tokenplane.sim.records import InstanceRecord, TbtHistogram
 from tokenplane.sim.report import Slo, build_run_report, goodput_timeline
+from tokenplane.sim.resilience import ResilientFleet
 from tokenplane.sim.scenario import FleetSettings, RunSettings, Scenario
 from tokenplane.sim.static_engine import StaticEngine
 from tokenplane.sim.workloads.base import Workload
@@ -90,18 +91,39 @@ def simulate(
         for i in range(fleet_cfg.instances)
     ]
     router = build_router(run.router, random.Random(run.seed))
-    fleet = Fleet(
-        loop=loop,
-        engines=engines,
-        router=router,
-        workload=workload,
-        model=model.name,
-        block_size=cfg.block_size,
-        tbt=tbt,
-        sample_interval_s=run.sample_interval_s,
-    )
+    common: dict[str, Any] = {
+        "loop": loop,
+        "engines": engines,
+        "router": router,
+        "workload": workload,
+        "model": model.name,
+        "block_size": cfg.block_size,
+        "tbt": tbt,
+        "sample_interval_s": run.sample_interval_s,
+    }
+    fleet: Fleet
+    if run.resilient:
+        fleet = ResilientFleet(
+            **common, clients=run.clients, controls=run.controls, faults=run.faults, seed=run.seed
+        )
+    else:
+        fleet = Fleet(**common)
     holder.append(fleet)
-    return fleet.run(until=run.duration_s, on_progress=progress)
+    result = fleet.run(until=run.duration_s, on_progress=progress)
+    if isinstance(fleet, ResilientFleet):
+        result.extra = {
+            **fleet.counters,
+            "resume_gap_p50_s": _median(fleet.resume_gaps),
+            "resume_gap_max_s": max(fleet.resume_gaps) if fleet.resume_gaps else None,
+        }
+    return result
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[len(s) // 2]
 
 
 def run_scenario(
@@ -139,6 +161,7 @@ def run_scenario(
                 "engine": run.fleet.engine.kind,
                 "seed": run.seed,
                 "goodput_timeline": [list(p) for p in goodput_timeline(result.records, slo, bucket_s=bucket)],
+                **result.extra,
             },
         )
         outcomes[run.name] = RunOutcome(run, result, report)

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.routing import build_router
+from tokenplane.sim.faults import ClientSpec, ControlSpec, FaultSpec
 from tokenplane.sim.workloads.factory import WorkloadConfigError, check_workload_config
 
 
@@ -80,6 +81,13 @@ class RunSettings(BaseModel):
     duration_s: float | None = Field(None, gt=0)
     sample_interval_s: float = Field(10.0, gt=0)
     slo: SloSettings
+    clients: ClientSpec | None = None
+    controls: ControlSpec | None = None
+    faults: list[FaultSpec] = Field(default_factory=list)
+
+    @property
+    def resilient(self) -> bool:
+        return self.clients is not None or self.controls is not None or bool(self.faults)
 
 
 class _ScenarioFile(BaseModel):
@@ -96,6 +104,9 @@ class _ScenarioFile(BaseModel):
     sample_interval_s: float = 10.0
     slo: dict[str, Any] = Field(default_factory=dict)
     catalog: dict[str, Any] = Field(default_factory=dict)
+    clients: dict[str, Any] | None = None
+    controls: dict[str, Any] | None = None
+    faults: list[dict[str, Any]] = Field(default_factory=list)
     runs: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -110,7 +121,19 @@ class Scenario(BaseModel):
     source: str | None = None
 
 
-_RUN_KEYS = {"name", "router", "fleet", "workload", "seed", "duration_s", "sample_interval_s", "slo"}
+_RUN_KEYS = {
+    "name",
+    "router",
+    "fleet",
+    "workload",
+    "seed",
+    "duration_s",
+    "sample_interval_s",
+    "slo",
+    "clients",
+    "controls",
+    "faults",
+}
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -147,6 +170,9 @@ def parse_scenario(raw: Any, *, source: str | None = None) -> Scenario:
         "duration_s": base.duration_s,
         "sample_interval_s": base.sample_interval_s,
         "slo": base.slo,
+        "clients": base.clients,
+        "controls": base.controls,
+        "faults": base.faults,
     }
     runs_raw = base.runs or [{"name": router_label(base.router)}]
     runs: list[RunSettings] = []
