@@ -250,8 +250,8 @@ class ResilientFleet(Fleet):
         p.seq = None
         if engine is not None:
             self.hooks.on_result(engine.id, False, None, now=now)
-            cancellable = isinstance(engine, ContinuousEngine) and self.controls.cancel_on_timeout
-            if cancellable and isinstance(engine, ContinuousEngine) and engine.abort(seq, now):
+            cancel = self.controls.cancel_on_timeout
+            if cancel and isinstance(engine, ContinuousEngine) and engine.abort(seq, now):
                 self._in_flight -= 1
                 self._pending.pop(seq.uid, None)
                 self.counters["cancelled_attempts"] += 1
