@@ -16,7 +16,7 @@ plane, a client that gives up does not stop the work it started: it keeps burnin
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -52,3 +52,5 @@ class ControlSpec(BaseModel):
     cancel_on_timeout: bool = False
     continuation: bool = False
     retry_elsewhere: bool = False
+    breaker: dict[str, Any] | None = None  # core BreakerConfig params; {} for the defaults
+    retry_budget: dict[str, Any] | None = None  # core RetryBudget params; {} for the defaults

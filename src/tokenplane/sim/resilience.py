@@ -18,6 +18,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tokenplane.core.breaker import BreakerBoard, BreakerConfig, filter_allowed
+from tokenplane.core.retry_budget import RetryBudget
 from tokenplane.core.routing.base import Router
 from tokenplane.core.views import InstanceView, RequestInfo, RouteDecision, RouteReason
 from tokenplane.sim.engine import ContinuousEngine, Seq
@@ -69,8 +71,54 @@ class ControlHooks:
     def on_result(self, instance_id: str, ok: bool, latency_s: float | None, *, now: float) -> None:
         return None
 
+    def on_dispatch(self, instance_id: str, *, now: float) -> None:
+        return None
+
     def filter_views(self, views: Sequence[InstanceView], *, now: float) -> Sequence[InstanceView]:
         return views
+
+
+class CoreControls(ControlHooks):
+    """The core's breakers and retry budget, fed by the twin exactly as the gateway feeds them."""
+
+    def __init__(self, board: BreakerBoard | None, budget: RetryBudget | None) -> None:
+        self.board = board
+        self.budget = budget
+        self.events: dict[str, int] = {}
+
+    @classmethod
+    def from_spec(cls, spec: ControlSpec) -> CoreControls:
+        board = BreakerBoard(BreakerConfig.from_params(spec.breaker)) if spec.breaker is not None else None
+        budget = RetryBudget.from_params(spec.retry_budget) if spec.retry_budget is not None else None
+        return cls(board, budget)
+
+    def allow_retry(self, spec: RequestSpec, attempt: int, *, now: float, continuation: bool) -> bool:
+        if self.budget is None:
+            return True
+        return self.budget.try_spend(spec.prompt_tokens, now=now).allowed
+
+    def on_first_attempt(self, spec: RequestSpec, *, now: float) -> None:
+        if self.budget is not None:
+            self.budget.on_first_attempt(spec.prompt_tokens, now=now)
+
+    def on_dispatch(self, instance_id: str, *, now: float) -> None:
+        if self.board is not None:
+            self._count(self.board.on_attempt(instance_id, now=now))
+
+    def on_result(self, instance_id: str, ok: bool, latency_s: float | None, *, now: float) -> None:
+        if self.board is not None:
+            self._count(self.board.on_result(instance_id, ok, latency_s, now=now))
+
+    def filter_views(self, views: Sequence[InstanceView], *, now: float) -> Sequence[InstanceView]:
+        if self.board is None:
+            return views
+        self._count(self.board.tick(now))
+        return filter_allowed(views, self.board, now=now)
+
+    def _count(self, events: Sequence[Any]) -> None:
+        for ev in events:
+            key = f"breaker_to_{ev.to_state.value}_{ev.reason.value}"
+            self.events[key] = self.events.get(key, 0) + 1
 
 
 class ResilientFleet(Fleet):
@@ -103,7 +151,7 @@ class ResilientFleet(Fleet):
         )
         self.clients = clients or ClientSpec()
         self.controls = controls or ControlSpec()
-        self.hooks = hooks or ControlHooks()
+        self.hooks = hooks or CoreControls.from_spec(self.controls)
         self.faults = list(faults)
         self._rng = random.Random(f"tokenplane-clients:{seed}")
         self._pending: dict[int, _Pending] = {}
@@ -189,6 +237,7 @@ class ResilientFleet(Fleet):
         p.seq, p.engine, p.info = seq, engine, info
         p.tried.add(engine.id)
         self._pending[seq.uid] = p
+        self.hooks.on_dispatch(engine.id, now=now)
         engine.submit(seq, now)
         if self.clients.timeout_s is not None:
             self.loop.schedule(now + self.clients.timeout_s, self._on_timeout, (p, p.attempt))
@@ -211,9 +260,12 @@ class ResilientFleet(Fleet):
         self._in_flight -= 1
         self._last_activity = max(self._last_activity, now)
         p = self._pending.pop(seq.uid, None)
-        if p is not None and p.info is not None:
-            self.router.on_finished(seq.info, p.engine.id if p.engine else "", now=now)
-            self.hooks.on_result(p.engine.id if p.engine else "", True, now - seq.record.arrival_s, now=now)
+        if p is not None and p.engine is not None:
+            self.router.on_finished(seq.info, p.engine.id, now=now)
+            # The breaker's latency signal: seconds per output token (a slow GPU is slow per
+            # token whatever the output length; end-to-end time would mostly measure length).
+            per_token = (now - seq.record.arrival_s) / max(1, seq.spec.output_tokens)
+            self.hooks.on_result(p.engine.id, True, per_token, now=now)
         if p is None or p.done or p.seq is not seq:
             self.counters["zombie_completions"] += 1  # finished after its client had given up
             return

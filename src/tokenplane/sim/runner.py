@@ -17,7 +17,7 @@ from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.perf_model import StepTimeModel
 from tokenplane.sim.records import InstanceRecord, TbtHistogram
 from tokenplane.sim.report import Slo, build_run_report, goodput_timeline
-from tokenplane.sim.resilience import ResilientFleet
+from tokenplane.sim.resilience import CoreControls, ResilientFleet
 from tokenplane.sim.scenario import FleetSettings, RunSettings, Scenario
 from tokenplane.sim.static_engine import StaticEngine
 from tokenplane.sim.workloads.base import Workload
@@ -111,8 +111,10 @@ def simulate(
     holder.append(fleet)
     result = fleet.run(until=run.duration_s, on_progress=progress)
     if isinstance(fleet, ResilientFleet):
+        events = fleet.hooks.events if isinstance(fleet.hooks, CoreControls) else {}
         result.extra = {
             **fleet.counters,
+            **events,
             "resume_gap_p50_s": _median(fleet.resume_gaps),
             "resume_gap_max_s": max(fleet.resume_gaps) if fleet.resume_gaps else None,
         }

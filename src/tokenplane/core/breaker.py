@@ -1,0 +1,414 @@
+"""Per-instance circuit breakers: consecutive failures, error rate, and latency outliers against the pool.
+
+States and the only legal transitions::
+
+    CLOSED --(CONSECUTIVE_FAILURES | ERROR_RATE | LATENCY_OUTLIER)--> OPEN
+    OPEN --(COOLDOWN_ELAPSED)--> HALF_OPEN
+    HALF_OPEN --(PROBE_SUCCEEDED)--> CLOSED
+    HALF_OPEN --(PROBE_FAILED | PROBE_SLOW)--> OPEN
+
+CLOSED opens on the first of:
+
+* ``consecutive_failures`` failures in a row;
+* an error rate ``>= error_rate`` over the last ``window_s`` seconds with at least ``min_requests``
+  results in the window;
+* a latency outlier: the instance's mean latency over the window (at least ``latency_min_samples``
+  successful results) exceeds ``latency_k`` × the median of the per-instance means of the pool (at
+  least ``latency_min_instances`` instances with enough samples). A degraded GPU is slow, not dead,
+  and only this comparison catches it. At most ``max_latency_ejection_fraction`` of the known
+  instances are held open for latency at once (Envoy's max ejection percent): if the whole pool is
+  slow, that is load, not a bad instance. Failures are never capped: if every instance fails, every
+  breaker opens and the shell answers fast 503s.
+
+``latency_s`` is whatever per-attempt latency the shell reports consistently (TTFT is the natural
+one; TPOT works too); ``None`` adds no latency sample.
+
+OPEN lasts ``cooldown_s × cooldown_multiplier ** reopens`` (capped at ``max_cooldown_s``), where
+``reopens`` counts the times it went HALF_OPEN → OPEN since it was last CLOSED. After the cooldown it
+reads HALF_OPEN and admits ``half_open_probes`` concurrent probes; that many successes close it, one
+failure (or a probe slower than ``latency_k`` × the other instances' median) reopens it. Every
+transition clears the instance's window, so old samples cannot reopen a freshly closed breaker.
+
+API (:class:`BreakerBoard`): ``allow(id, now=)`` and ``state(id, now=)`` are pure reads (an elapsed
+cooldown reads as HALF_OPEN before anything records it); ``on_attempt`` takes a probe slot;
+``on_result`` records the result; ``tick(now)`` materialises elapsed cooldowns. Each of the three
+returns the transitions it caused as :class:`BreakerEvent`s (for metrics and logs).
+:func:`filter_allowed` / :class:`BreakerFilter` prune routing candidates to allowed instances.
+
+Cost: ``on_result`` is O(1) amortised, plus O(instances log instances) for the pool median when the
+instance has enough latency samples; ``allow`` O(1). Memory: one deque of results per instance over
+``window_s``.
+
+Failure modes: a probe whose result is never reported holds its slot forever; the shell must report
+timeouts and lost connections as failures (``ok=False``). The latency test needs a pool: with fewer
+than ``latency_min_instances`` instances reporting it is off. Results that arrive while OPEN (from
+attempts sent before it opened) are ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from typing import Any
+
+import msgspec
+
+from tokenplane.core.errors import InvalidPolicyConfig
+from tokenplane.core.routing._params import ParamReader
+from tokenplane.core.views import InstanceId, InstanceView, RequestInfo
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class BreakerReason(StrEnum):
+    CONSECUTIVE_FAILURES = "consecutive_failures"
+    ERROR_RATE = "error_rate"
+    LATENCY_OUTLIER = "latency_outlier"
+    COOLDOWN_ELAPSED = "cooldown_elapsed"
+    PROBE_SUCCEEDED = "probe_succeeded"
+    PROBE_FAILED = "probe_failed"
+    PROBE_SLOW = "probe_slow"
+
+
+LEGAL_TRANSITIONS: frozenset[tuple[BreakerState, BreakerState]] = frozenset(
+    {
+        (BreakerState.CLOSED, BreakerState.OPEN),
+        (BreakerState.OPEN, BreakerState.HALF_OPEN),
+        (BreakerState.HALF_OPEN, BreakerState.CLOSED),
+        (BreakerState.HALF_OPEN, BreakerState.OPEN),
+    }
+)
+
+
+class BreakerEvent(msgspec.Struct, frozen=True):
+    instance_id: InstanceId
+    from_state: BreakerState
+    to_state: BreakerState
+    reason: BreakerReason
+    at_s: float
+
+
+class BreakerConfig(msgspec.Struct, frozen=True):
+    consecutive_failures: int = 5
+    window_s: float = 30.0
+    min_requests: int = 20
+    error_rate: float = 0.5
+    latency_k: float = 3.0
+    latency_min_samples: int = 10
+    latency_min_instances: int = 3
+    max_latency_ejection_fraction: float = 0.5
+    cooldown_s: float = 5.0
+    cooldown_multiplier: float = 2.0
+    max_cooldown_s: float = 60.0
+    half_open_probes: int = 1
+
+    def validate(self) -> BreakerConfig:
+        checks = (
+            (self.consecutive_failures >= 1, "consecutive_failures must be >= 1"),
+            (self.window_s > 0, "window_s must be > 0"),
+            (self.min_requests >= 1, "min_requests must be >= 1"),
+            (0 < self.error_rate <= 1, "error_rate must be in (0, 1]"),
+            (self.latency_k > 1, "latency_k must be > 1"),
+            (self.latency_min_samples >= 1, "latency_min_samples must be >= 1"),
+            (self.latency_min_instances >= 2, "latency_min_instances must be >= 2"),
+            (0 <= self.max_latency_ejection_fraction <= 1, "max_latency_ejection_fraction must be in [0, 1]"),
+            (self.cooldown_s > 0, "cooldown_s must be > 0"),
+            (self.cooldown_multiplier >= 1, "cooldown_multiplier must be >= 1"),
+            (self.max_cooldown_s >= self.cooldown_s, "max_cooldown_s must be >= cooldown_s"),
+            (self.half_open_probes >= 1, "half_open_probes must be >= 1"),
+        )
+        for ok, why in checks:
+            if not ok:
+                raise InvalidPolicyConfig(f"breaker: {why}, got {self}")
+        return self
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> BreakerConfig:
+        d = cls()
+        r = ParamReader("breaker", params, tuple(cls.__struct_fields__))
+        return cls(
+            consecutive_failures=r.int_("consecutive_failures", d.consecutive_failures, min_value=1),
+            window_s=r.float_("window_s", d.window_s),
+            min_requests=r.int_("min_requests", d.min_requests, min_value=1),
+            error_rate=r.float_("error_rate", d.error_rate),
+            latency_k=r.float_("latency_k", d.latency_k),
+            latency_min_samples=r.int_("latency_min_samples", d.latency_min_samples, min_value=1),
+            latency_min_instances=r.int_("latency_min_instances", d.latency_min_instances, min_value=2),
+            max_latency_ejection_fraction=r.float_(
+                "max_latency_ejection_fraction", d.max_latency_ejection_fraction
+            ),
+            cooldown_s=r.float_("cooldown_s", d.cooldown_s),
+            cooldown_multiplier=r.float_("cooldown_multiplier", d.cooldown_multiplier),
+            max_cooldown_s=r.float_("max_cooldown_s", d.max_cooldown_s),
+            half_open_probes=r.int_("half_open_probes", d.half_open_probes, min_value=1),
+        ).validate()
+
+
+class _Breaker:
+    __slots__ = (
+        "consecutive",
+        "cooldown_s",
+        "failures",
+        "lat_n",
+        "lat_sum",
+        "latency_open",
+        "opened_at",
+        "probe_successes",
+        "probes_in_flight",
+        "reopens",
+        "samples",
+        "state",
+    )
+
+    def __init__(self) -> None:
+        self.state = BreakerState.CLOSED
+        self.consecutive = 0
+        self.samples: deque[tuple[float, bool, float]] = deque()
+        self.failures = 0
+        self.lat_sum = 0.0
+        self.lat_n = 0
+        self.opened_at = 0.0
+        self.cooldown_s = 0.0
+        self.reopens = 0
+        self.probes_in_flight = 0
+        self.probe_successes = 0
+        self.latency_open = False
+
+    def clear_window(self) -> None:
+        self.samples.clear()
+        self.failures = 0
+        self.lat_sum = 0.0
+        self.lat_n = 0
+        self.consecutive = 0
+
+    def prune(self, horizon: float) -> None:
+        samples = self.samples
+        while samples and samples[0][0] <= horizon:
+            _, ok, latency = samples.popleft()
+            if not ok:
+                self.failures -= 1
+            elif not math.isnan(latency):
+                self.lat_sum -= latency
+                self.lat_n -= 1
+        if not samples:
+            self.lat_sum = 0.0
+
+    def mean_latency(self) -> float:
+        return self.lat_sum / self.lat_n if self.lat_n else math.nan
+
+
+class BreakerBoard:
+    def __init__(self, config: BreakerConfig | None = None) -> None:
+        self.config = (config or BreakerConfig()).validate()
+        self._breakers: dict[InstanceId, _Breaker] = {}
+
+    # ---- pure reads -------------------------------------------------------------------------
+
+    def state(self, instance_id: InstanceId, *, now: float) -> BreakerState:
+        b = self._breakers.get(instance_id)
+        if b is None:
+            return BreakerState.CLOSED
+        if b.state is BreakerState.OPEN and now >= b.opened_at + b.cooldown_s:
+            return BreakerState.HALF_OPEN
+        return b.state
+
+    def allow(self, instance_id: InstanceId, *, now: float) -> bool:
+        b = self._breakers.get(instance_id)
+        if b is None or b.state is BreakerState.CLOSED:
+            return True
+        if b.state is BreakerState.OPEN:
+            return now >= b.opened_at + b.cooldown_s  # reads HALF_OPEN with every probe slot free
+        return b.probes_in_flight < self.config.half_open_probes
+
+    def open_instances(self, *, now: float) -> list[InstanceId]:
+        return [i for i in self._breakers if self.state(i, now=now) is BreakerState.OPEN]
+
+    # ---- observations -----------------------------------------------------------------------
+
+    def tick(self, now: float) -> tuple[BreakerEvent, ...]:
+        events: list[BreakerEvent] = []
+        for instance_id, b in self._breakers.items():
+            self._materialise(instance_id, b, now, events)
+        return tuple(events)
+
+    def on_attempt(self, instance_id: InstanceId, *, now: float) -> tuple[BreakerEvent, ...]:
+        b = self._breakers.get(instance_id)
+        if b is None:
+            return ()
+        events: list[BreakerEvent] = []
+        self._materialise(instance_id, b, now, events)
+        if b.state is BreakerState.HALF_OPEN:
+            b.probes_in_flight += 1
+        return tuple(events)
+
+    def on_result(
+        self, instance_id: InstanceId, ok: bool, latency_s: float | None, *, now: float
+    ) -> tuple[BreakerEvent, ...]:
+        b = self._breakers.get(instance_id)
+        if b is None:
+            b = self._breakers[instance_id] = _Breaker()
+        events: list[BreakerEvent] = []
+        self._materialise(instance_id, b, now, events)
+        if b.state is BreakerState.OPEN:
+            return tuple(events)
+        if b.state is BreakerState.HALF_OPEN:
+            b.probes_in_flight = max(0, b.probes_in_flight - 1)
+            if not ok:
+                self._reopen(instance_id, b, now, BreakerReason.PROBE_FAILED, events)
+            elif latency_s is not None and self._too_slow(instance_id, latency_s, now):
+                self._reopen(instance_id, b, now, BreakerReason.PROBE_SLOW, events)
+            else:
+                b.probe_successes += 1
+                if b.probe_successes >= self.config.half_open_probes:
+                    self._move(
+                        instance_id, b, BreakerState.CLOSED, BreakerReason.PROBE_SUCCEEDED, now, events
+                    )
+                    b.reopens = 0
+            return tuple(events)
+        self._record(b, ok, latency_s, now)
+        reason = self._closed_trip(instance_id, b, now)
+        if reason is not None:
+            b.reopens = 0
+            b.latency_open = reason is BreakerReason.LATENCY_OUTLIER
+            self._open(instance_id, b, now, reason, events)
+        return tuple(events)
+
+    def forget(self, instance_id: InstanceId) -> None:
+        self._breakers.pop(instance_id, None)
+
+    # ---- internals --------------------------------------------------------------------------
+
+    def _record(self, b: _Breaker, ok: bool, latency_s: float | None, now: float) -> None:
+        b.prune(now - self.config.window_s)
+        lat = math.nan if latency_s is None or not ok or not math.isfinite(latency_s) else latency_s
+        b.samples.append((now, ok, lat))
+        if ok:
+            b.consecutive = 0
+            if not math.isnan(lat):
+                b.lat_sum += lat
+                b.lat_n += 1
+        else:
+            b.consecutive += 1
+            b.failures += 1
+
+    def _closed_trip(self, instance_id: InstanceId, b: _Breaker, now: float) -> BreakerReason | None:
+        cfg = self.config
+        if b.consecutive >= cfg.consecutive_failures:
+            return BreakerReason.CONSECUTIVE_FAILURES
+        n = len(b.samples)
+        if n >= cfg.min_requests and b.failures / n >= cfg.error_rate:
+            return BreakerReason.ERROR_RATE
+        if b.lat_n >= cfg.latency_min_samples:
+            median = self._pool_median(now, exclude=None)
+            if median is not None and b.mean_latency() > cfg.latency_k * median:
+                held = sum(
+                    1
+                    for x in self._breakers.values()
+                    if x.latency_open and x.state is not BreakerState.CLOSED
+                )
+                if held + 1 <= cfg.max_latency_ejection_fraction * len(self._breakers):
+                    return BreakerReason.LATENCY_OUTLIER
+        return None
+
+    def _pool_median(self, now: float, *, exclude: InstanceId | None) -> float | None:
+        cfg = self.config
+        horizon = now - cfg.window_s
+        means = []
+        for other_id, other in self._breakers.items():
+            if other_id == exclude or other.state is not BreakerState.CLOSED:
+                continue
+            other.prune(horizon)
+            if other.lat_n >= cfg.latency_min_samples:
+                means.append(other.mean_latency())
+        needed = cfg.latency_min_instances - (1 if exclude is not None else 0)
+        return statistics.median(means) if len(means) >= max(1, needed) else None
+
+    def _too_slow(self, instance_id: InstanceId, latency_s: float, now: float) -> bool:
+        median = self._pool_median(now, exclude=instance_id)
+        return median is not None and latency_s > self.config.latency_k * median
+
+    def _cooldown(self, reopens: int) -> float:
+        cfg = self.config
+        return min(cfg.max_cooldown_s, cfg.cooldown_s * cfg.cooldown_multiplier**reopens)
+
+    def _open(
+        self,
+        instance_id: InstanceId,
+        b: _Breaker,
+        now: float,
+        reason: BreakerReason,
+        events: list[BreakerEvent],
+    ) -> None:
+        b.opened_at = now
+        b.cooldown_s = self._cooldown(b.reopens)
+        self._move(instance_id, b, BreakerState.OPEN, reason, now, events)
+
+    def _reopen(
+        self,
+        instance_id: InstanceId,
+        b: _Breaker,
+        now: float,
+        reason: BreakerReason,
+        events: list[BreakerEvent],
+    ) -> None:
+        b.reopens += 1
+        self._open(instance_id, b, now, reason, events)
+
+    def _materialise(
+        self, instance_id: InstanceId, b: _Breaker, now: float, events: list[BreakerEvent]
+    ) -> None:
+        if b.state is BreakerState.OPEN and now >= b.opened_at + b.cooldown_s:
+            at = b.opened_at + b.cooldown_s
+            self._move(instance_id, b, BreakerState.HALF_OPEN, BreakerReason.COOLDOWN_ELAPSED, at, events)
+
+    def _move(
+        self,
+        instance_id: InstanceId,
+        b: _Breaker,
+        to: BreakerState,
+        reason: BreakerReason,
+        at: float,
+        events: list[BreakerEvent],
+    ) -> None:
+        events.append(BreakerEvent(instance_id, b.state, to, reason, at))
+        b.state = to
+        b.clear_window()
+        b.probes_in_flight = 0
+        b.probe_successes = 0
+        if to is BreakerState.CLOSED:
+            b.latency_open = False
+
+
+def filter_allowed(
+    views: Sequence[InstanceView], board: BreakerBoard, *, now: float
+) -> Sequence[InstanceView]:
+    """Drop instances whose breaker is OPEN, or HALF_OPEN with no free probe slot.
+
+    Returns the very same sequence when it keeps all (no allocation on the healthy path); an empty
+    result means every instance is broken and the shell should fail fast.
+    """
+    for view in views:
+        if not board.allow(view.instance_id, now=now):
+            return [v for v in views if board.allow(v.instance_id, now=now)]
+    return views
+
+
+class BreakerFilter:
+    """A routing :class:`~tokenplane.core.routing.base.Filter` over a board the shell owns."""
+
+    name = "breaker-open"
+
+    def __init__(self, board: BreakerBoard) -> None:
+        self.board = board
+
+    def filter(
+        self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float
+    ) -> Sequence[InstanceView]:
+        return filter_allowed(candidates, self.board, now=now)
