@@ -131,6 +131,22 @@ def validate(
         print_validation(results, Console())
 
 
+@app.command()
+def serve(
+    config: Annotated[Path, typer.Argument(help="Gateway config YAML (tenants, models, instances).")],
+    host: Annotated[str | None, typer.Option(help="Override listen.host.")] = None,
+    port: Annotated[int | None, typer.Option(help="Override listen.port.")] = None,
+) -> None:
+    """Run the OpenAI-compatible gateway in front of the configured instances."""
+    from tokenplane.gateway import ConfigError
+    from tokenplane.gateway.serve import serve as run_gateway
+
+    try:
+        run_gateway(config, host, port)
+    except ConfigError as exc:
+        _fail(str(exc))
+
+
 @app.command("example-scenario")
 def example_scenario() -> None:
     """Print the embedded default scenario, a starting point for your own."""

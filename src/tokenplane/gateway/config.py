@@ -1,0 +1,233 @@
+"""The gateway's configuration: one YAML file, validated once into typed, frozen objects.
+
+Shape (every section but ``models`` and ``instances`` is optional)::
+
+    listen: {host: 127.0.0.1, port: 8080}
+    limits: {max_body_bytes: 1048576, max_tokens: 32768, max_prompt_tokens: 131072,
+             upstream_timeout_s: 300}
+    tenants:
+      - {name: acme, priority: interactive, api_keys: ["sha256:<hex>"], max_concurrency: 64}
+    models:
+      - {name: llama-3-8b, aliases: [llama3], router: {name: prefix-affinity}, upstream_model: null}
+    instances:
+      - {id: vllm-0, url: http://127.0.0.1:8001, model: llama-3-8b, kind: vllm, gpu: H100,
+         price_per_hour: 2.99, labels: {}}
+    scrape: {interval_s: 1.0}
+    health: {interval_s: 2.0, failures_to_down: 2, path: /health}
+
+API keys are stored hashed (``sha256:`` + hex digest of the raw key, see :func:`hash_key`). An empty
+``tenants`` list turns authentication off: every caller is the tenant ``default`` (for a laptop
+fleet; say so explicitly in the file). Routers are built once here to validate their params, so a
+bad router fails at start with the field's path. Every component receives only its own slice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tokenplane.core.errors import InvalidPolicyConfig
+from tokenplane.core.routing import build_router
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+DEFAULT_MAX_TOKENS = 32_768
+DEFAULT_MAX_PROMPT_TOKENS = 131_072
+DEFAULT_UPSTREAM_TIMEOUT_S = 300.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_SCRAPE_INTERVAL_S = 1.0
+DEFAULT_HEALTH_INTERVAL_S = 2.0
+DEFAULT_FAILURES_TO_DOWN = 2
+DEFAULT_HEALTH_PATH = "/health"
+DEFAULT_METRICS_PATH = "/metrics"
+DEFAULT_ROUTER = "prefix-affinity"
+DEFAULT_TENANT = "default"
+
+PriorityClass = Literal["interactive", "standard", "batch"]
+PRIORITY_VALUES: Mapping[str, int] = {"interactive": 1, "standard": 0, "batch": -1}
+"""``RequestInfo.priority`` per class: higher is more urgent; ``standard`` is the core's default 0."""
+
+InstanceKind = Literal["vllm", "llamacpp", "emulated", "openai"]
+
+_HASHED_KEY = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing, unreadable or invalid; the message names the field."""
+
+
+def hash_key(raw: str) -> str:
+    """The stored form of an API key: ``sha256:`` + the hex digest of its UTF-8 bytes."""
+    return "sha256:" + hashlib.sha256(raw.encode("utf-8")).hexdigest()
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenConfig(_Strict):
+    host: str = DEFAULT_HOST
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+
+
+class LimitsConfig(_Strict):
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1)
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
+    max_prompt_tokens: int = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=1)
+    upstream_timeout_s: float = Field(DEFAULT_UPSTREAM_TIMEOUT_S, gt=0)
+    connect_timeout_s: float = Field(DEFAULT_CONNECT_TIMEOUT_S, gt=0)
+
+
+class TenantConfig(_Strict):
+    name: str = Field(min_length=1)
+    priority: PriorityClass = "standard"
+    api_keys: tuple[str, ...] = ()
+    max_concurrency: int | None = Field(None, ge=1)
+    models: tuple[str, ...] | None = None
+    """Served names (or aliases) this tenant may use; ``None`` means every model."""
+
+    @field_validator("api_keys")
+    @classmethod
+    def _hashed(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        for k in keys:
+            if not _HASHED_KEY.match(k):
+                raise ValueError("api keys are stored hashed: 'sha256:' + 64 lowercase hex digits")
+        return keys
+
+
+class ModelConfig(_Strict):
+    name: str = Field(min_length=1)
+    aliases: tuple[str, ...] = ()
+    router: str | dict[str, Any] = DEFAULT_ROUTER
+    upstream_model: str | None = None
+    """The name the instances serve this model under (default: ``name``)."""
+
+    @property
+    def served_name(self) -> str:
+        return self.upstream_model or self.name
+
+    @field_validator("router")
+    @classmethod
+    def _buildable(cls, router: str | dict[str, Any]) -> str | dict[str, Any]:
+        try:
+            build_router(router, random.Random(0))
+        except InvalidPolicyConfig as exc:
+            raise ValueError(str(exc)) from None
+        return router
+
+
+class InstanceConfig(_Strict):
+    id: str = Field(min_length=1)
+    url: str
+    model: str
+    kind: InstanceKind = "vllm"
+    gpu: str = ""
+    price_per_hour: float = Field(0.0, ge=0)
+    labels: dict[str, str] = Field(default_factory=dict)
+    api_key: str | None = None
+    """Bearer key the upstream expects (sent as is; it is the upstream's secret, not a tenant's)."""
+    metrics_path: str = DEFAULT_METRICS_PATH
+    kv_capacity_tokens: int = Field(0, ge=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return url.rstrip("/")
+
+
+class ScrapeConfig(_Strict):
+    interval_s: float = Field(DEFAULT_SCRAPE_INTERVAL_S, gt=0)
+    enabled: bool = True
+
+
+class HealthConfig(_Strict):
+    interval_s: float = Field(DEFAULT_HEALTH_INTERVAL_S, gt=0)
+    failures_to_down: int = Field(DEFAULT_FAILURES_TO_DOWN, ge=1)
+    path: str = DEFAULT_HEALTH_PATH
+    timeout_s: float = Field(2.0, gt=0)
+
+
+class GatewayConfig(_Strict):
+    listen: ListenConfig = ListenConfig()
+    limits: LimitsConfig = LimitsConfig()
+    tenants: tuple[TenantConfig, ...] = ()
+    models: tuple[ModelConfig, ...] = Field(min_length=1)
+    instances: tuple[InstanceConfig, ...] = Field(min_length=1)
+    scrape: ScrapeConfig = ScrapeConfig()
+    health: HealthConfig = HealthConfig()
+
+    @model_validator(mode="after")
+    def _references(self) -> GatewayConfig:
+        names: dict[str, str] = {}
+        for i, m in enumerate(self.models):
+            for n in (m.name, *m.aliases):
+                if n in names:
+                    raise ValueError(f"models[{i}]: name or alias {n!r} already used by model {names[n]!r}")
+                names[n] = m.name
+        ids: set[str] = set()
+        for i, inst in enumerate(self.instances):
+            if inst.id in ids:
+                raise ValueError(f"instances[{i}].id: duplicate id {inst.id!r}")
+            ids.add(inst.id)
+            if inst.model not in names or names[inst.model] != inst.model:
+                raise ValueError(f"instances[{i}].model: {inst.model!r} is not a configured model name")
+        tenants: set[str] = set()
+        keys: set[str] = set()
+        for i, t in enumerate(self.tenants):
+            if t.name in tenants:
+                raise ValueError(f"tenants[{i}].name: duplicate tenant {t.name!r}")
+            tenants.add(t.name)
+            for k in t.api_keys:
+                if k in keys:
+                    raise ValueError(f"tenants[{i}].api_keys: a key is listed twice")
+                keys.add(k)
+            for n in t.models or ():
+                if n not in names:
+                    raise ValueError(f"tenants[{i}].models: unknown model {n!r}")
+        return self
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.tenants)
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def parse_config(raw: Any, *, source: str = "<config>") -> GatewayConfig:
+    """Validate an already-loaded mapping; every failure is a :class:`ConfigError` naming the field."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: the top level must be a mapping, got {type(raw).__name__}")
+    try:
+        return GatewayConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"{_format_loc(e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError(f"{source}: invalid gateway config:\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    """Read and validate a YAML file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    return parse_config(raw, source=str(p))

@@ -1,0 +1,171 @@
+"""Errors the gateway answers with, and the one place that turns them into OpenAI-style responses.
+
+Hierarchy::
+
+    GatewayError                      every refusal or failure a caller can see
+    ├── InvalidRequest                400 invalid_request_error
+    │   ├── MalformedJSON             400 the body is not a JSON object
+    │   ├── InvalidParameter          400 a field is missing or has the wrong type or range
+    │   └── ContextLengthExceeded     400 max_tokens or the prompt is over the limit
+    ├── BodyTooLarge                  413 the body is over limits.max_body_bytes
+    ├── AuthenticationFailed          401 missing or unknown API key
+    ├── ModelNotFound                 404 no such model (or not one this tenant may use)
+    ├── RouteNotFound                 404 / 405 unknown path or method
+    ├── Refused                       429 / 503, with Retry-After
+    │   ├── TenantConcurrencyExceeded 429 the tenant has max_concurrency requests in flight
+    │   └── NoHealthyInstance         503 no ready and healthy instance serves the model
+    └── UpstreamError                 502 / 504, the instance failed us
+        ├── UpstreamUnavailable       502 connection refused or reset, or a 5xx answer
+        ├── UpstreamProtocolError     502 the answer is not what the API promises
+        └── UpstreamTimeout           504 no answer within limits.upstream_timeout_s
+
+Every error renders as ``{"error": {"message", "type", "code", "param"}}`` through
+:func:`error_response` (a whole response) or :func:`error_event` (an SSE event that ends a stream
+already under way). Nothing else in the package builds an error body.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+from aiohttp import web
+
+
+class GatewayError(Exception):
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "internal_error"
+    default_code: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code if code is not None else self.default_code
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+    @property
+    def outcome(self) -> str:
+        """A short label for metrics (the class name in snake case would be long and unstable)."""
+        return self.code or self.type
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+    default_code = "invalid_request"
+
+
+class MalformedJSON(InvalidRequest):
+    default_code = "invalid_json"
+
+
+class InvalidParameter(InvalidRequest):
+    default_code = "invalid_type"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    default_code = "context_length_exceeded"
+
+
+class BodyTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    default_code = "request_too_large"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "authentication_error"
+    default_code = "invalid_api_key"
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "model_not_found"
+
+
+class RouteNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class MethodNotAllowed(RouteNotFound):
+    status = 405
+    default_code = "method_not_allowed"
+
+
+class Refused(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    default_code = "refused"
+
+
+class TenantConcurrencyExceeded(Refused):
+    status = 429
+    type = "rate_limit_error"
+    default_code = "concurrency_limit_exceeded"
+
+
+class NoHealthyInstance(Refused):
+    default_code = "no_healthy_instance"
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    type = "upstream_error"
+    default_code = "upstream_error"
+
+
+class UpstreamUnavailable(UpstreamError):
+    default_code = "upstream_unavailable"
+
+
+class UpstreamProtocolError(UpstreamError):
+    default_code = "upstream_protocol_error"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    default_code = "upstream_timeout"
+
+
+class _ErrorBody(msgspec.Struct):
+    message: str
+    type: str
+    code: str | None
+    param: str | None
+
+
+class _Envelope(msgspec.Struct):
+    error: _ErrorBody
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def error_body(exc: GatewayError) -> bytes:
+    return _encode(_Envelope(_ErrorBody(exc.message, exc.type, exc.code, exc.param)))
+
+
+def error_response(exc: GatewayError) -> web.Response:
+    headers = None
+    if exc.retry_after_s is not None:
+        headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))}
+    return web.Response(
+        status=exc.status, body=error_body(exc), content_type="application/json", headers=headers
+    )
+
+
+def error_event(exc: GatewayError) -> bytes:
+    """An SSE error event followed by ``[DONE]``: ends a stream in a shape OpenAI clients understand."""
+    return b"data: " + error_body(exc) + b"\n\ndata: [DONE]\n\n"

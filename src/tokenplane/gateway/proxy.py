@@ -1,0 +1,263 @@
+"""Forwarding one request to its instance: a JSON answer, or an SSE stream relayed as it arrives.
+
+The stream relay passes the instance's bytes through without parsing or re-serialising chunks: it
+only finds event boundaries (``\\n\\n``) and checks each event's shape with a few byte comparisons
+(``data: {...}``, ``data: [DONE]``, a ``:`` comment). Only whole events are written, so whatever
+the instance does (malformed event, early close, reset, timeout) the client's stream can still be
+ended cleanly with an OpenAI-style error event and ``data: [DONE]``. The last JSON event is decoded
+once at the end for ``usage``; without one, output tokens are counted as token events.
+
+A client that goes away mid-stream (the handler is cancelled, or a write fails) closes the upstream
+response, which closes its connection: vLLM aborts the request in the engine when that happens.
+
+Seams for later: retries and stream continuation wrap :func:`open_upstream` / :func:`relay_stream`
+(an attempt = one call; :class:`Exchange` carries what a continuation needs: events already sent).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from tokenplane.core.views import RequestInfo
+from tokenplane.gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    error_event,
+)
+from tokenplane.gateway.upstreams import Upstream
+
+MAX_PENDING_EVENT_BYTES = 4 << 20
+"""An upstream event longer than this without a terminating blank line is treated as malformed."""
+
+MAX_ERROR_BODY_BYTES = 64 << 10
+
+SSE_HEADERS: Mapping[str, str] = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+
+OUTCOME_OK = "ok"
+OUTCOME_CLIENT_GONE = "client_disconnected"
+OUTCOME_UPSTREAM_REJECTED = "upstream_rejected"
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _UsageOnly(msgspec.Struct):
+    usage: _Usage | None = None
+
+
+_decode_usage = msgspec.json.Decoder(_UsageOnly).decode
+
+
+class Exchange:
+    """Mutable per-request state, from arrival to the last byte; read for accounting and metrics."""
+
+    __slots__ = (
+        "arrival",
+        "completion_tokens",
+        "events_sent",
+        "info",
+        "model",
+        "outcome",
+        "reason",
+        "stream",
+        "tenant",
+        "ttft_s",
+        "upstream",
+    )
+
+    def __init__(self, arrival: float) -> None:
+        self.arrival = arrival
+        self.model = "unknown"
+        self.tenant = "unknown"
+        self.reason = "none"
+        self.outcome = OUTCOME_OK
+        self.stream = False
+        self.info: RequestInfo | None = None
+        self.upstream: Upstream | None = None
+        self.ttft_s: float | None = None
+        self.events_sent = 0
+        self.completion_tokens = 0
+
+
+async def open_upstream(
+    session: aiohttp.ClientSession, upstream: Upstream, url: str, body: bytes
+) -> aiohttp.ClientResponse:
+    """Send the request; the caller owns (and must close or release) the response."""
+    try:
+        return await session.post(url, data=body, headers=upstream.headers)
+    except TimeoutError:
+        raise UpstreamTimeout(f"instance {upstream.id} did not answer in time") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise UpstreamUnavailable(f"instance {upstream.id} is unreachable: {type(exc).__name__}") from None
+
+
+async def rejection(resp: aiohttp.ClientResponse, upstream: Upstream) -> web.Response:
+    """Map a non-200 answer: an instance's own 4xx OpenAI error passes through; anything else raises."""
+    try:
+        data = await resp.content.read(MAX_ERROR_BODY_BYTES)
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        data = b""
+    status = resp.status
+    if 400 <= status < 500:
+        try:
+            decoded = msgspec.json.decode(data)
+        except msgspec.DecodeError:
+            decoded = None
+        if isinstance(decoded, dict) and isinstance(decoded.get("error"), dict):
+            headers = {}
+            if "Retry-After" in resp.headers:
+                headers["Retry-After"] = resp.headers["Retry-After"]
+            return web.Response(status=status, body=data, content_type="application/json", headers=headers)
+        raise InvalidRequest(
+            f"instance {upstream.id} rejected the request ({status}): "
+            f"{data[:200].decode('utf-8', 'replace')}",
+            code="upstream_rejected",
+        )
+    raise UpstreamUnavailable(f"instance {upstream.id} answered {status}")
+
+
+async def relay_json(resp: aiohttp.ClientResponse, ex: Exchange, upstream: Upstream) -> web.Response:
+    try:
+        data = await resp.read()
+    except TimeoutError:
+        raise UpstreamTimeout(f"instance {upstream.id} did not finish in time") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise UpstreamUnavailable(f"instance {upstream.id} broke off: {type(exc).__name__}") from None
+    try:
+        usage = _decode_usage(data).usage
+    except msgspec.DecodeError:
+        raise UpstreamProtocolError(f"instance {upstream.id} answered with a body that is not JSON") from None
+    if usage is not None:
+        ex.completion_tokens = usage.completion_tokens
+    return web.Response(body=data, content_type="application/json")
+
+
+def scan_events(buf: bytes, end: int) -> tuple[int, bool, int, tuple[int, int] | None, bool]:
+    """Check the whole events in ``buf[:end]`` (``end`` just past a ``\\n\\n``).
+
+    Returns (bytes to forward, saw [DONE], JSON events, span of the last JSON payload, malformed).
+    Forwarding stops after ``[DONE]`` or before the first malformed event.
+    """
+    pos = 0
+    n = 0
+    last: tuple[int, int] | None = None
+    while pos < end:
+        nxt = buf.find(b"\n\n", pos, end)
+        if nxt < 0:  # pragma: no cover - end always follows a separator
+            nxt = end - 2
+        if buf.startswith(b"data:", pos):
+            p = pos + 5
+            while p < nxt and buf[p] in b" \t":
+                p += 1
+            q = nxt
+            while q > p and buf[q - 1] in b"\r ":
+                q -= 1
+            if q > p and buf[p] == 0x7B and buf[q - 1] == 0x7D:  # { ... }
+                n += 1
+                last = (p, q)
+            elif buf.startswith(b"[DONE]", p) and q - p == 6:
+                return nxt + 2, True, n, last, False
+            else:
+                return pos, False, n, last, True
+        elif not (buf.startswith(b":", pos) or nxt == pos or buf[pos:nxt].strip() == b""):
+            return pos, False, n, last, True
+        pos = nxt + 2
+    return end, False, n, last, False
+
+
+async def relay_stream(
+    request: web.Request,
+    resp: aiohttp.ClientResponse,
+    ex: Exchange,
+    upstream: Upstream,
+) -> tuple[web.StreamResponse, GatewayError | None]:
+    """Relay an SSE answer; returns the client response and the upstream failure that ended it, if any.
+
+    The caller closes ``resp`` (releasing it when the stream ended with ``[DONE]``).
+    """
+    out = web.StreamResponse(headers=SSE_HEADERS)
+    await out.prepare(request)
+    pending = b""
+    last_payload = b""
+    failure: GatewayError | None = None
+    done = False
+    content = resp.content
+    try:
+        while not done:
+            try:
+                data = await content.readany()
+            except TimeoutError:
+                failure = UpstreamTimeout(f"instance {upstream.id} stalled mid-stream")
+                break
+            except (aiohttp.ClientError, OSError) as exc:
+                failure = UpstreamUnavailable(
+                    f"instance {upstream.id} broke the stream: {type(exc).__name__}"
+                )
+                break
+            if not data:
+                failure = UpstreamProtocolError(f"instance {upstream.id} closed the stream before [DONE]")
+                break
+            buf = pending + data if pending else data
+            end = buf.rfind(b"\n\n") + 2
+            if end < 2:
+                if len(buf) > MAX_PENDING_EVENT_BYTES:
+                    failure = UpstreamProtocolError(f"instance {upstream.id} sent an unterminated event")
+                    break
+                pending = buf
+                continue
+            fwd, done, n, span, malformed = scan_events(buf, end)
+            if span is not None:
+                last_payload = buf[span[0] : span[1]]
+            pending = buf[end:] if not done else b""
+            if fwd:
+                await out.write(buf[:fwd] if fwd < len(buf) else buf)
+                if n and ex.ttft_s is None:
+                    ex.ttft_s = time.monotonic() - ex.arrival
+                ex.events_sent += n
+            if malformed:
+                failure = UpstreamProtocolError(f"instance {upstream.id} sent a malformed event")
+                break
+        if failure is not None:
+            await out.write(error_event(failure))
+        await out.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        ex.outcome = OUTCOME_CLIENT_GONE
+        return out, None
+    ex.completion_tokens = ex.events_sent
+    if last_payload:
+        try:
+            usage = _decode_usage(last_payload).usage
+        except msgspec.DecodeError:
+            usage = None
+        if usage is not None:
+            ex.completion_tokens = usage.completion_tokens
+    return out, failure
+
+
+__all__ = [
+    "OUTCOME_CLIENT_GONE",
+    "OUTCOME_OK",
+    "OUTCOME_UPSTREAM_REJECTED",
+    "Exchange",
+    "UpstreamError",
+    "open_upstream",
+    "rejection",
+    "relay_json",
+    "relay_stream",
+    "scan_events",
+]

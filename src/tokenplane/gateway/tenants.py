@@ -1,0 +1,88 @@
+"""Tenants: who a caller is (by API key), their priority class and their concurrency limit.
+
+Keys are stored hashed; a request's key is hashed once (SHA-256, about 0.5 µs) and looked up in a
+dict. With no tenants configured, authentication is off and every caller is the ``default`` tenant.
+
+:meth:`Tenant.acquire` is the admission seam: today a bound on the tenant's requests in flight
+(``max_concurrency``, refused with 429 and ``Retry-After``); a core admission policy (queues per
+priority, budgets) replaces it without touching the request path around it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from tokenplane.gateway.config import DEFAULT_TENANT, PRIORITY_VALUES, TenantConfig
+from tokenplane.gateway.errors import AuthenticationFailed, TenantConcurrencyExceeded
+
+RETRY_AFTER_S = 1.0
+
+
+class Tenant:
+    __slots__ = ("allowed_models", "in_flight", "max_concurrency", "name", "priority")
+
+    def __init__(
+        self,
+        name: str,
+        priority: int,
+        max_concurrency: int | None,
+        allowed_models: frozenset[str] | None,
+    ) -> None:
+        self.name = name
+        self.priority = priority
+        self.max_concurrency = max_concurrency
+        self.allowed_models = allowed_models
+        self.in_flight = 0
+
+    def acquire(self) -> None:
+        """Take one concurrency slot, or refuse; pair with :meth:`release`."""
+        if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
+            raise TenantConcurrencyExceeded(
+                f"tenant {self.name!r} already has {self.in_flight} requests in flight "
+                f"(max_concurrency {self.max_concurrency})",
+                retry_after_s=RETRY_AFTER_S,
+            )
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight -= 1
+
+    def may_use(self, model_name: str) -> bool:
+        return self.allowed_models is None or model_name in self.allowed_models
+
+
+class Authenticator:
+    def __init__(self, tenants: Sequence[TenantConfig]) -> None:
+        self.enabled = bool(tenants)
+        self.tenants: list[Tenant] = []
+        self._by_digest: dict[str, Tenant] = {}
+        for t in tenants:
+            tenant = Tenant(
+                t.name,
+                PRIORITY_VALUES[t.priority],
+                t.max_concurrency,
+                None if t.models is None else frozenset(t.models),
+            )
+            self.tenants.append(tenant)
+            for k in t.api_keys:
+                self._by_digest[k.removeprefix("sha256:")] = tenant
+        self.default = Tenant(DEFAULT_TENANT, PRIORITY_VALUES["standard"], None, None)
+        if not self.enabled:
+            self.tenants.append(self.default)
+
+    def authenticate(self, authorization: str | None) -> Tenant:
+        """The tenant behind an ``Authorization: Bearer <key>`` header, or :class:`AuthenticationFailed`."""
+        if not self.enabled:
+            return self.default
+        if not authorization:
+            raise AuthenticationFailed(
+                "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
+            )
+        scheme, _, key = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise AuthenticationFailed("the Authorization header must be 'Bearer <key>'")
+        tenant = self._by_digest.get(hashlib.sha256(key.strip().encode("utf-8", "replace")).hexdigest())
+        if tenant is None:
+            raise AuthenticationFailed("invalid API key")
+        return tenant

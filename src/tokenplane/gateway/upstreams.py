@@ -1,0 +1,308 @@
+"""Per-instance state as the gateway sees it, and the pool that keeps it fresh.
+
+Three signals feed one :class:`~tokenplane.core.views.InstanceView` per instance:
+
+* the gateway's own accounting of requests and tokens it has sent and not seen finish (updated on
+  the request path; the freshest signal, and the only one that sees this gateway's burst);
+* the runtime's Prometheus metrics, scraped every ``scrape.interval_s`` (vLLM and the emulator:
+  ``vllm:num_requests_running``/``_waiting``, ``vllm:kv_cache_usage_perc``, the prefix-cache
+  counters; llama.cpp: ``llamacpp:requests_processing``/``_deferred``);
+* health: ``GET health.path`` every ``health.interval_s``. ``failures_to_down`` consecutive
+  failures (a failed probe or a failed request) take an instance out; one successful probe brings
+  it back.
+
+The view is cached and rebuilt only after a change, so routing over a fleet allocates nothing per
+request when nothing moved. Scraping filters the (large, histogram-heavy) vLLM exposition down to
+the few lines it reads before handing them to ``prometheus_client``'s parser: a full parse of a
+vLLM page costs milliseconds, the filtered one tens of microseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import aiohttp
+import msgspec
+from prometheus_client.parser import text_string_to_metric_families
+
+from tokenplane.core.views import InstanceView
+from tokenplane.gateway.config import HealthConfig, InstanceConfig, ScrapeConfig
+
+log = logging.getLogger(__name__)
+
+# Sample name -> field of RuntimeMetrics, per runtime kind.
+_VLLM = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:gpu_cache_usage_perc": "kv_usage",  # vLLM < 0.10
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+}
+_LLAMACPP = {
+    "llamacpp:requests_processing": "running",
+    "llamacpp:requests_deferred": "waiting",
+    "llamacpp:kv_cache_usage_ratio": "kv_usage",
+}
+METRIC_NAMES: Mapping[str, Mapping[str, str]] = {
+    "vllm": _VLLM,
+    "emulated": _VLLM,
+    "llamacpp": _LLAMACPP,
+    "openai": {},
+}
+
+
+class RuntimeMetrics(msgspec.Struct, frozen=True):
+    """What one scrape of a runtime said (sums over its label sets, e.g. several engines)."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    prefix_cache_queries: float = 0.0
+    prefix_cache_hits: float = 0.0
+
+
+def parse_runtime_metrics(text: str, names: Mapping[str, str]) -> RuntimeMetrics:
+    """Read the runtime's gauges and counters from a Prometheus text exposition."""
+    if not names:
+        return RuntimeMetrics()
+    prefixes = tuple(names)
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(prefixes))
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(wanted + "\n"):
+        for sample in family.samples:
+            field = names.get(sample.name)
+            if field is not None:
+                values[field] = values.get(field, 0.0) + float(sample.value)
+    return RuntimeMetrics(**values)
+
+
+class Upstream:
+    """One instance: config, the gateway's accounting, the last scrape and health."""
+
+    __slots__ = (
+        "_failures_to_down",
+        "_view",
+        "chat_url",
+        "completions_url",
+        "config",
+        "consecutive_failures",
+        "headers",
+        "health_url",
+        "healthy",
+        "id",
+        "in_flight",
+        "in_flight_tokens",
+        "labels",
+        "last_error",
+        "metrics",
+        "metrics_url",
+        "model",
+        "scraped_at",
+    )
+
+    def __init__(self, config: InstanceConfig, health: HealthConfig) -> None:
+        self.config = config
+        self.id = config.id
+        self.model = config.model
+        self.chat_url = config.url + "/v1/chat/completions"
+        self.completions_url = config.url + "/v1/completions"
+        self.metrics_url = config.url + config.metrics_path
+        self.health_url = config.url + health.path
+        headers = {"Content-Type": "application/json"}
+        if config.api_key:
+            headers["Authorization"] = f"Bearer {config.api_key}"
+        self.headers: Mapping[str, str] = MappingProxyType(headers)
+        self.labels: Mapping[str, str] = MappingProxyType(dict(config.labels))
+        self._failures_to_down = health.failures_to_down
+        self.in_flight = 0
+        self.in_flight_tokens = 0
+        self.metrics = RuntimeMetrics()
+        self.scraped_at: float | None = None
+        self.healthy = True  # optimistic until the first probe; a failed request counts too
+        self.consecutive_failures = 0
+        self.last_error: str | None = None
+        self._view: InstanceView | None = None
+
+    # -- the request path --------------------------------------------------------------------
+    def begin(self, tokens: int) -> None:
+        self.in_flight += 1
+        self.in_flight_tokens += tokens
+        self._view = None
+
+    def end(self, tokens: int) -> None:
+        self.in_flight -= 1
+        self.in_flight_tokens -= tokens
+        self._view = None
+
+    def record_success(self) -> None:
+        if self.consecutive_failures:
+            self.consecutive_failures = 0
+
+    def record_failure(self, reason: str) -> bool:
+        """Count a failure; True when this one took the instance out."""
+        self.consecutive_failures += 1
+        self.last_error = reason
+        if self.healthy and self.consecutive_failures >= self._failures_to_down:
+            self.healthy = False
+            self._view = None
+            log.warning("instance %s marked down: %s", self.id, reason)
+            return True
+        return False
+
+    def record_probe_success(self) -> None:
+        self.consecutive_failures = 0
+        if not self.healthy:
+            self.healthy = True
+            self._view = None
+            log.info("instance %s back up", self.id)
+
+    def apply_metrics(self, metrics: RuntimeMetrics, now: float) -> None:
+        self.scraped_at = now
+        if metrics != self.metrics:
+            self.metrics = metrics
+            self._view = None
+
+    # -- what policies and operators read -----------------------------------------------------
+    def view(self) -> InstanceView:
+        v = self._view
+        if v is None:
+            m = self.metrics
+            c = self.config
+            v = self._view = InstanceView(
+                instance_id=self.id,
+                model=self.model,
+                gpu=c.gpu,
+                ready=True,
+                healthy=self.healthy,
+                outstanding_requests=self.in_flight,
+                outstanding_tokens=self.in_flight_tokens,
+                running=int(m.running),
+                waiting=int(m.waiting),
+                kv_usage=m.kv_usage,
+                kv_capacity_tokens=c.kv_capacity_tokens,
+                price_per_hour=c.price_per_hour,
+                labels=self.labels,
+            )
+        return v
+
+    def describe(self) -> dict[str, Any]:
+        """The view plus scrape details, as plain data for ``GET /v1/instances``."""
+        m = self.metrics
+        out: dict[str, Any] = msgspec.to_builtins(self.view(), enc_hook=dict)
+        out.update(
+            url=self.config.url,
+            kind=self.config.kind,
+            prefix_cache_queries=m.prefix_cache_queries,
+            prefix_cache_hits=m.prefix_cache_hits,
+            scraped_at=self.scraped_at,
+            consecutive_failures=self.consecutive_failures,
+            last_error=self.last_error,
+        )
+        return out
+
+
+class UpstreamPool:
+    """Every configured instance, grouped by model, with background scraping and health checks."""
+
+    def __init__(
+        self,
+        instances: Sequence[InstanceConfig],
+        scrape: ScrapeConfig,
+        health: HealthConfig,
+        *,
+        on_down: Callable[[Upstream], None] | None = None,
+    ) -> None:
+        self._scrape = scrape
+        self._health = health
+        self._on_down = on_down
+        self._by_id = {c.id: Upstream(c, health) for c in instances}
+        self._by_model: dict[str, list[Upstream]] = {}
+        for u in self._by_id.values():
+            self._by_model.setdefault(u.model, []).append(u)
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def __iter__(self) -> Iterator[Upstream]:
+        return iter(self._by_id.values())
+
+    def all(self) -> list[Upstream]:
+        return list(self._by_id.values())
+
+    def for_model(self, model: str) -> list[Upstream]:
+        return self._by_model.get(model, [])
+
+    def get(self, instance_id: str) -> Upstream | None:
+        return self._by_id.get(instance_id)
+
+    def record_failure(self, upstream: Upstream, reason: str) -> None:
+        if upstream.record_failure(reason) and self._on_down is not None:
+            self._on_down(upstream)
+
+    # -- background work ------------------------------------------------------------------------
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+        self._tasks.append(asyncio.create_task(self._every(self._health.interval_s, self.probe_all)))
+        if self._scrape.enabled:
+            self._tasks.append(asyncio.create_task(self._every(self._scrape.interval_s, self.scrape_all)))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+
+    async def _every(self, interval_s: float, job: Callable[[], Any]) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await job()
+            except Exception:  # a background loop must outlive any one bad round
+                log.exception("background job %s failed", getattr(job, "__name__", job))
+            await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(u) for u in self._by_id.values()))
+
+    async def scrape_all(self) -> None:
+        await asyncio.gather(*(self.scrape(u) for u in self._by_id.values() if METRIC_NAMES[u.config.kind]))
+
+    async def probe(self, upstream: Upstream) -> bool:
+        assert self._session is not None, "start() the pool first"
+        timeout = aiohttp.ClientTimeout(total=self._health.timeout_s)
+        try:
+            async with self._session.get(upstream.health_url, timeout=timeout) as resp:
+                await resp.read()
+                ok = resp.status == 200
+                reason = f"health check answered {resp.status}"
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            ok = False
+            reason = f"health check failed: {type(exc).__name__}: {exc}"
+        if ok:
+            upstream.record_probe_success()
+        else:
+            self.record_failure(upstream, reason)
+        return ok
+
+    async def scrape(self, upstream: Upstream) -> bool:
+        assert self._session is not None, "start() the pool first"
+        timeout = aiohttp.ClientTimeout(total=max(0.5, min(5.0, self._scrape.interval_s * 2)))
+        try:
+            async with self._session.get(upstream.metrics_url, timeout=timeout) as resp:
+                if resp.status != 200:
+                    return False
+                text = await resp.text()
+            metrics = parse_runtime_metrics(text, METRIC_NAMES[upstream.config.kind])
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+            log.debug("scrape of %s failed: %s", upstream.id, exc)
+            return False
+        upstream.apply_metrics(metrics, time.time())
+        return True

@@ -1,0 +1,144 @@
+"""Scraped runtime metrics, health checks, and the in-flight accounting the router reads."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tokenplane.core.prompt_hash import approx_tokens, render_chat
+from tokenplane.gateway.upstreams import METRIC_NAMES, RuntimeMetrics, parse_runtime_metrics
+
+VLLM_PAGE = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 7.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.42
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 640.0
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="1.0"} 5.0
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf"} 6.0
+"""
+
+LLAMACPP_PAGE = """\
+# HELP llamacpp:requests_processing Number of requests processing.
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 1
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 4
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 99
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "page", "expected"),
+    [
+        ("vllm", VLLM_PAGE, RuntimeMetrics(5, 7, 0.42, 1000, 640)),
+        ("emulated", VLLM_PAGE, RuntimeMetrics(5, 7, 0.42, 1000, 640)),
+        ("llamacpp", LLAMACPP_PAGE, RuntimeMetrics(running=1, waiting=4)),
+        ("openai", VLLM_PAGE, RuntimeMetrics()),
+        ("vllm", "", RuntimeMetrics()),
+    ],
+)
+def test_parse_runtime_metrics(kind, page, expected) -> None:
+    assert parse_runtime_metrics(page, METRIC_NAMES[kind]) == expected
+
+
+@pytest.mark.anyio
+async def test_scraped_metrics_reach_instances_and_metrics(upstreams, gateway, wait) -> None:
+    ups = await upstreams(2)
+    ups[0].metrics.running, ups[0].metrics.waiting, ups[0].metrics.kv_usage = 3, 5, 0.75
+    ups[0].metrics.prefix_queries, ups[0].metrics.prefix_hits = 200, 150
+    gw = await gateway(ups)
+
+    async def scraped() -> bool:
+        return (await gw.instances())["up-0"]["waiting"] == 5
+
+    await wait(scraped)
+    view = (await gw.instances())["up-0"]
+    assert view["running"] == 3 and view["kv_usage"] == 0.75
+    assert view["prefix_cache_hits"] == 150 and view["prefix_cache_queries"] == 200
+    assert view["gpu"] == "H100" and view["price_per_hour"] == 2.5 and view["healthy"] is True
+    text = await gw.get("/metrics", key=None)
+    assert 'tokenplane_instance_waiting{instance="up-0",model="llama-3-8b"} 5.0' in text
+    assert 'tokenplane_instance_kv_usage{instance="up-0",model="llama-3-8b"} 0.75' in text
+    assert 'tokenplane_instance_running{instance="up-1",model="llama-3-8b"} 0.0' in text
+    # A change on the instance shows up on the next scrape.
+    ups[0].metrics.waiting = 1
+
+    async def rescraped() -> bool:
+        return (await gw.instances())["up-0"]["waiting"] == 1
+
+    await wait(rescraped)
+
+
+@pytest.mark.anyio
+async def test_health_check_takes_instance_out_and_back(upstreams, gateway, wait, names) -> None:
+    ups = await upstreams(2)
+    gw = await gateway(ups)
+
+    async def healthy(iid: str, want: bool) -> bool:
+        return (await gw.instances())[iid]["healthy"] is want
+
+    ups[1].healthy = False
+    await wait(lambda: healthy("up-1", False))
+    for i in range(6):
+        await gw.client().completions.create(model=names.MODEL, prompt=f"{i} unrelated " * 30)
+    assert len(ups[1].requests) == 0 and len(ups[0].requests) == 6
+    assert (await gw.get("/health", key=None))["healthy_instances"] == 1
+    assert 'tokenplane_instance_healthy{instance="up-1",model="llama-3-8b"} 0.0' in await gw.get(
+        "/metrics", key=None
+    )
+    ups[1].healthy = True
+    await wait(lambda: healthy("up-1", True))
+
+
+@pytest.mark.anyio
+async def test_failed_requests_take_instance_out(upstreams, gateway, names) -> None:
+    ups = await upstreams(2)
+    gw = await gateway(ups, router="round-robin", health={"interval_s": 60})
+    ups[0].mode = "fail"
+    statuses = [
+        (await gw.post("/v1/completions", {"model": names.MODEL, "prompt": "x"}))[0] for _ in range(8)
+    ]
+    # Two failures take up-0 out; every later request goes to up-1.
+    assert statuses.count(502) == 2
+    assert not (await gw.instances())["up-0"]["healthy"]
+
+
+@pytest.mark.anyio
+async def test_in_flight_accounting(upstreams, gateway, names, wait) -> None:
+    ups = await upstreams(1)
+    ups[0].tokens, ups[0].token_delay_s = 20, 0.02
+    gw = await gateway(ups)
+    task = asyncio.create_task(
+        gw.post(
+            "/v1/chat/completions",
+            {
+                "model": names.MODEL,
+                "messages": [{"role": "user", "content": "x" * 400}],
+                "max_tokens": 100,
+                "stream": True,
+            },
+        )
+    )
+
+    async def busy() -> bool:
+        return (await gw.instances())["up-0"]["outstanding_requests"] == 1
+
+    await wait(busy)
+    view = (await gw.instances())["up-0"]
+    prompt = approx_tokens(render_chat([{"role": "user", "content": "x" * 400}]))
+    assert view["outstanding_tokens"] == prompt + 100  # the rendered prompt's estimate + max_tokens
+    assert (await task)[0] == 200
+    view = (await gw.instances())["up-0"]
+    assert view["outstanding_requests"] == 0 and view["outstanding_tokens"] == 0
