@@ -147,6 +147,28 @@ def serve(
         _fail(str(exc))
 
 
+@app.command()
+def plan(
+    spec: Annotated[Path, typer.Argument(help="Capacity-planning spec YAML.")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for plan.json and plan.png.")] = Path("out/plan"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Find the cheapest fleet that meets the SLOs for an agentic demand, with the twin."""
+    from tokenplane.planning import load_plan_spec
+    from tokenplane.planning import plan as run_plan
+    from tokenplane.sim.catalog import Catalog, CatalogError, UnknownHardware
+
+    try:
+        result = run_plan(load_plan_spec(spec), catalog=Catalog.default(), out_dir=out)
+    except (ValueError, UnknownHardware, CatalogError) as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), indent=2, sort_keys=True))
+    else:
+        typer.echo(result.summary())
+
+
 @app.command("example-scenario")
 def example_scenario() -> None:
     """Print the embedded default scenario, a starting point for your own."""

@@ -1,0 +1,22 @@
+"""Errors raised by the ledger.
+
+Hierarchy::
+
+    LedgerError
+    ├── InvalidLedgerRecord   an attempt or outcome with impossible values (negative tokens, bad outcome)
+    └── LedgerUnavailable     the backing database cannot be opened or written
+
+A workflow another tenant owns, or one that does not exist, is not an error: reads return ``None``.
+"""
+
+
+class LedgerError(Exception):
+    """Base of every error the ledger raises."""
+
+
+class InvalidLedgerRecord(LedgerError, ValueError):
+    """An attempt or an outcome that cannot be recorded; the message names the field."""
+
+
+class LedgerUnavailable(LedgerError):
+    """The backing store failed (cannot open the file, disk full, locked past the timeout)."""

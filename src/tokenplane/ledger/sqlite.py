@@ -1,0 +1,235 @@
+"""SQLite :class:`LedgerStore`: one file, WAL mode, the schema of :mod:`tokenplane.ledger.schema`.
+
+Writes are read-modify-write per workflow inside one ``BEGIN IMMEDIATE`` transaction per batch
+(SQLite takes the write lock up front, so concurrent writers — other processes on the same file —
+serialise instead of failing half-way); the row's new state comes from the same pure rules as
+:class:`~tokenplane.ledger.store.MemoryLedger`. A PostgreSQL store does the same with
+``SELECT ... FOR UPDATE`` on the workflow row. Aggregates run in SQL (``GROUP BY outcome``) and are
+turned into figures by :func:`tokenplane.core.economics.summarize_totals`.
+
+Thread-safety: the connection is opened with ``check_same_thread=False`` and every use holds a
+lock, so a store may be handed to a worker thread (:class:`~tokenplane.ledger.aio.AsyncLedger`).
+Failure modes: a locked database past ``busy_timeout_s`` or a full disk raise
+:class:`LedgerUnavailable`; the batch is rolled back whole.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenplane.core.economics import EconomicsSummary, OutcomeTotals, TaskOutcome, summarize_totals
+from tokenplane.ledger.errors import LedgerUnavailable
+from tokenplane.ledger.records import AttemptRecord, WorkflowSummary
+from tokenplane.ledger.schema import SCHEMA_VERSION, adapt, schema_statements
+from tokenplane.ledger.store import DEFAULT_ABANDON_AFTER_S, BaseLedger, GroupBy, LedgerWrite
+
+__all__ = ["SqliteLedger"]
+
+_WF_COLUMNS = (
+    "workflow_id",
+    "tenant",
+    "outcome",
+    "first_t",
+    "last_t",
+    "model",
+    "reason",
+    "total_steps",
+    "max_step",
+    "attempts",
+    "failed_attempts",
+    "cost_usd",
+    "failed_attempt_cost_usd",
+    "tokens_in",
+    "tokens_out",
+    "settled_t",
+)
+_WF_SELECT = f"SELECT {', '.join(_WF_COLUMNS)} FROM ledger_workflows"
+_WF_UPSERT = (
+    f"INSERT INTO ledger_workflows ({', '.join(_WF_COLUMNS)}) VALUES ({', '.join('?' for _ in _WF_COLUMNS)}) "
+    "ON CONFLICT (tenant, workflow_id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _WF_COLUMNS if c not in ("tenant", "workflow_id"))
+)
+_ATTEMPT_COLUMNS = (
+    "tenant",
+    "workflow_id",
+    "request_id",
+    "instance_id",
+    "model",
+    "step",
+    "total_steps",
+    "tokens_in",
+    "tokens_out",
+    "cost_usd",
+    "ok",
+    "terminal",
+    "reason",
+    "t",
+)
+_ATTEMPT_INSERT = (
+    f"INSERT INTO ledger_attempts ({', '.join(_ATTEMPT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _ATTEMPT_COLUMNS)})"
+)
+_AGG = (
+    "SELECT {key}, outcome, COUNT(*), SUM(cost_usd), SUM(failed_attempt_cost_usd), "
+    "SUM(tokens_in + tokens_out), SUM(attempts), SUM(failed_attempts) "
+    "FROM ledger_workflows {where} GROUP BY {key}, outcome"
+)
+
+
+def _q(sql: str) -> str:
+    return adapt(sql, "qmark")
+
+
+class SqliteLedger(BaseLedger):
+    """:class:`LedgerStore` in a SQLite file (``":memory:"`` for a private in-memory database)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        abandon_after_s: float = DEFAULT_ABANDON_AFTER_S,
+        busy_timeout_s: float = 5.0,
+    ) -> None:
+        super().__init__(abandon_after_s=abandon_after_s)
+        self.path = str(path)
+        self._lock = threading.Lock()
+        try:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(
+                self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            with self._transaction():
+                for stmt in schema_statements():
+                    self._db.execute(stmt)
+                self._db.execute(
+                    _q(
+                        "INSERT INTO ledger_meta (name, value) VALUES (?, ?) "
+                        "ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+                    ),
+                    ("schema_version", str(SCHEMA_VERSION)),
+                )
+        except (sqlite3.Error, OSError) as exc:
+            raise LedgerUnavailable(f"ledger {self.path}: cannot open: {exc}") from exc
+
+    # -- plumbing ----------------------------------------------------------------------------------
+    class _Tx:
+        def __init__(self, db: sqlite3.Connection) -> None:
+            self.db = db
+
+        def __enter__(self) -> sqlite3.Connection:
+            self.db.execute("BEGIN IMMEDIATE")
+            return self.db
+
+        def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+            self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+    def _transaction(self) -> SqliteLedger._Tx:
+        return SqliteLedger._Tx(self._db)
+
+    @staticmethod
+    def _row(row: Sequence[Any]) -> WorkflowSummary:
+        d = dict(zip(_WF_COLUMNS, row, strict=True))
+        d["outcome"] = TaskOutcome(d["outcome"])
+        return WorkflowSummary(**d)
+
+    def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        with self._lock:
+            try:
+                return self._db.execute(_q(sql), tuple(params)).fetchall()
+            except sqlite3.Error as exc:
+                raise LedgerUnavailable(f"ledger {self.path}: {exc}") from exc
+
+    # -- writes ------------------------------------------------------------------------------------
+    def write_batch(self, writes: Sequence[LedgerWrite]) -> list[WorkflowSummary]:
+        if not writes:
+            return []
+        out: list[WorkflowSummary] = []
+        with self._lock:
+            try:
+                with self._transaction() as db:
+                    for w in writes:
+                        row = db.execute(
+                            _q(_WF_SELECT + " WHERE tenant = ? AND workflow_id = ?"),
+                            (w.tenant, w.workflow_id),
+                        ).fetchone()
+                        summary = self._apply(None if row is None else self._row(row), w)
+                        db.execute(_q(_WF_UPSERT), tuple(getattr(summary, c) for c in _WF_COLUMNS))
+                        if isinstance(w, AttemptRecord):
+                            db.execute(
+                                _q(_ATTEMPT_INSERT),
+                                tuple(
+                                    int(v) if isinstance(v, bool) else v
+                                    for v in (getattr(w, c) for c in _ATTEMPT_COLUMNS)
+                                ),
+                            )
+                        out.append(summary)
+            except sqlite3.Error as exc:
+                raise LedgerUnavailable(f"ledger {self.path}: write failed: {exc}") from exc
+        return out
+
+    def sweep(self, now: float) -> list[WorkflowSummary]:
+        rows = self._read(
+            "SELECT tenant, workflow_id FROM ledger_workflows WHERE outcome = ? AND last_t <= ?",
+            (TaskOutcome.OPEN.value, now - self.abandon_after_s),
+        )
+        return self._abandon(stale_keys=[(tenant, wid) for tenant, wid in rows], now=now)
+
+    # -- reads -------------------------------------------------------------------------------------
+    def get_workflow(self, workflow_id: str, tenant: str) -> WorkflowSummary | None:
+        rows = self._read(_WF_SELECT + " WHERE tenant = ? AND workflow_id = ?", (tenant, workflow_id))
+        return self._row(rows[0]) if rows else None
+
+    def list_attempts(self, workflow_id: str, tenant: str) -> list[AttemptRecord]:
+        rows = self._read(
+            f"SELECT {', '.join(_ATTEMPT_COLUMNS)} FROM ledger_attempts "
+            "WHERE tenant = ? AND workflow_id = ? ORDER BY t",
+            (tenant, workflow_id),
+        )
+        out = []
+        for row in rows:
+            d = dict(zip(_ATTEMPT_COLUMNS, row, strict=True))
+            d["ok"] = bool(d["ok"])
+            d["terminal"] = bool(d["terminal"])
+            out.append(AttemptRecord(**d))
+        return out
+
+    def request_cost(self, request_id: str, tenant: str) -> float | None:
+        rows = self._read(
+            "SELECT COUNT(*), SUM(cost_usd) FROM ledger_attempts WHERE tenant = ? AND request_id = ?",
+            (tenant, request_id),
+        )
+        count, total = rows[0]
+        return float(total) if count else None
+
+    def _economics(self, key: str, where: str, params: Sequence[Any]) -> dict[str, EconomicsSummary]:
+        rows = self._read(_AGG.format(key=key, where=where), params)
+        groups: dict[str, dict[TaskOutcome, OutcomeTotals]] = {}
+        for group, outcome, n, cost, failed_cost, tokens, attempts, failed in rows:
+            groups.setdefault(str(group), {})[TaskOutcome(outcome)] = OutcomeTotals(
+                int(n),
+                float(cost or 0),
+                float(failed_cost or 0),
+                int(tokens or 0),
+                int(attempts or 0),
+                int(failed or 0),
+            )
+        return {g: summarize_totals(t) for g, t in sorted(groups.items())}
+
+    def tenant_totals(self, tenant: str) -> EconomicsSummary:
+        return self._economics("tenant", "WHERE tenant = ?", (tenant,)).get(tenant, summarize_totals({}))
+
+    def economics(self, *, by: GroupBy | None = None) -> dict[str, EconomicsSummary]:
+        if by is None:
+            return {"": self._economics("''", "", ()).get("", summarize_totals({}))}
+        return self._economics("tenant" if by == "tenant" else "model", "", ())
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,312 @@
+"""The ledger interface, and its in-process implementation.
+
+The workflow ledger is state that several gateway replicas share, so it sits behind
+:class:`LedgerStore`: :class:`MemoryLedger` (tests, the twin) and
+:class:`~tokenplane.ledger.sqlite.SqliteLedger` (the gateway's default, a file path in config)
+now; a PostgreSQL store can take their place later without touching the callers. Both concrete
+stores derive from :class:`BaseLedger`, which turns the keyword API into :class:`AttemptRecord` /
+:class:`OutcomeRecord` writes and applies the shared rules of :mod:`tokenplane.ledger.rules`; a
+store implements only :meth:`BaseLedger.write_batch` and the reads.
+
+Every method is synchronous and may block on I/O: the asyncio gateway uses
+:class:`~tokenplane.ledger.aio.AsyncLedger`, which runs a store in one worker thread and batches
+writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Literal, Protocol
+
+import msgspec
+
+from tokenplane.core.economics import EconomicsSummary, TaskOutcome, summarize, summarize_by
+from tokenplane.ledger.errors import InvalidLedgerRecord
+from tokenplane.ledger.records import AttemptRecord, WorkflowSummary, implicit_workflow_id
+from tokenplane.ledger.rules import apply_attempt, apply_outcome, is_stale, parse_outcome
+
+__all__ = [
+    "DEFAULT_ABANDON_AFTER_S",
+    "BaseLedger",
+    "GroupBy",
+    "LedgerStore",
+    "LedgerWrite",
+    "MemoryLedger",
+    "OutcomeRecord",
+]
+
+DEFAULT_ABANDON_AFTER_S = 900.0
+"""An open workflow with no attempt for this long is abandoned at the next sweep."""
+
+GroupBy = Literal["tenant", "model"]
+
+
+class OutcomeRecord(msgspec.Struct, frozen=True):
+    """A client's (or the sweep's) verdict on a workflow.
+
+    ``if_idle_since`` (the sweep's): apply only if the workflow is still open and had no attempt
+    after that time, so an attempt that lands between the sweep's read and its write wins.
+    """
+
+    workflow_id: str
+    tenant: str
+    outcome: TaskOutcome
+    t: float
+    reason: str = "client"
+    if_idle_since: float | None = None
+
+
+LedgerWrite = AttemptRecord | OutcomeRecord
+
+
+class LedgerStore(Protocol):
+    """Spend per request and per workflow, and workflow outcomes, per tenant."""
+
+    @property
+    def abandon_after_s(self) -> float: ...
+
+    def record_attempt(
+        self,
+        *,
+        request_id: str,
+        workflow_id: str | None,
+        tenant: str,
+        instance_id: str,
+        tokens_in: int,
+        tokens_out: int,
+        cost_usd: float,
+        ok: bool,
+        reason: str,
+        t: float,
+        model: str = "",
+        step: int | None = None,
+        total_steps: int | None = None,
+        terminal: bool = False,
+    ) -> WorkflowSummary:
+        """Record one attempt; returns its workflow after the outcome rules were applied."""
+        ...
+
+    def record_outcome(
+        self, workflow_id: str, tenant: str, outcome: str | TaskOutcome, t: float, *, reason: str = "client"
+    ) -> WorkflowSummary: ...
+
+    def write_batch(self, writes: Sequence[LedgerWrite]) -> list[WorkflowSummary]:
+        """Apply validated writes in order, atomically where the store can; one result per write."""
+        ...
+
+    def get_workflow(self, workflow_id: str, tenant: str) -> WorkflowSummary | None:
+        """The tenant's workflow; ``None`` if it does not exist *or belongs to another tenant*."""
+        ...
+
+    def list_attempts(self, workflow_id: str, tenant: str) -> list[AttemptRecord]: ...
+
+    def request_cost(self, request_id: str, tenant: str) -> float | None:
+        """Spend on all attempts of one request (retries included); ``None`` if unknown."""
+        ...
+
+    def sweep(self, now: float) -> list[WorkflowSummary]:
+        """Abandon open workflows idle for ``abandon_after_s``; returns those it abandoned."""
+        ...
+
+    def tenant_totals(self, tenant: str) -> EconomicsSummary: ...
+
+    def economics(self, *, by: GroupBy | None = None) -> dict[str, EconomicsSummary]:
+        """Aggregates for metrics; ``by=None`` gives one entry under ``""`` (the whole ledger)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class BaseLedger:
+    """The keyword API and the shared rules; subclasses store and read."""
+
+    def __init__(self, *, abandon_after_s: float = DEFAULT_ABANDON_AFTER_S) -> None:
+        if not abandon_after_s > 0:
+            raise InvalidLedgerRecord(f"abandon_after_s must be > 0, got {abandon_after_s!r}")
+        self._abandon_after_s = float(abandon_after_s)
+
+    @property
+    def abandon_after_s(self) -> float:
+        return self._abandon_after_s
+
+    @staticmethod
+    def attempt(
+        *,
+        request_id: str,
+        workflow_id: str | None,
+        tenant: str,
+        instance_id: str,
+        tokens_in: int,
+        tokens_out: int,
+        cost_usd: float,
+        ok: bool,
+        reason: str,
+        t: float,
+        model: str = "",
+        step: int | None = None,
+        total_steps: int | None = None,
+        terminal: bool = False,
+    ) -> AttemptRecord:
+        """A validated attempt; a request without a workflow is its own one-step task."""
+        if workflow_id is None:
+            workflow_id = implicit_workflow_id(request_id)
+            step, total_steps = 1, 1
+        return AttemptRecord(
+            request_id=request_id,
+            workflow_id=workflow_id,
+            tenant=tenant,
+            instance_id=instance_id,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost_usd=cost_usd,
+            ok=ok,
+            reason=reason,
+            t=t,
+            model=model,
+            step=step,
+            total_steps=total_steps,
+            terminal=terminal,
+        ).validate()
+
+    @staticmethod
+    def outcome(
+        workflow_id: str, tenant: str, outcome: str | TaskOutcome, t: float, *, reason: str = "client"
+    ) -> OutcomeRecord:
+        if not workflow_id or not tenant:
+            raise InvalidLedgerRecord("workflow_id and tenant must not be empty")
+        return OutcomeRecord(workflow_id, tenant, parse_outcome(outcome), t, reason)
+
+    def record_attempt(
+        self,
+        *,
+        request_id: str,
+        workflow_id: str | None,
+        tenant: str,
+        instance_id: str,
+        tokens_in: int,
+        tokens_out: int,
+        cost_usd: float,
+        ok: bool,
+        reason: str,
+        t: float,
+        model: str = "",
+        step: int | None = None,
+        total_steps: int | None = None,
+        terminal: bool = False,
+    ) -> WorkflowSummary:
+        record = self.attempt(
+            request_id=request_id,
+            workflow_id=workflow_id,
+            tenant=tenant,
+            instance_id=instance_id,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost_usd=cost_usd,
+            ok=ok,
+            reason=reason,
+            t=t,
+            model=model,
+            step=step,
+            total_steps=total_steps,
+            terminal=terminal,
+        )
+        return self.write_batch([record])[0]
+
+    def record_outcome(
+        self, workflow_id: str, tenant: str, outcome: str | TaskOutcome, t: float, *, reason: str = "client"
+    ) -> WorkflowSummary:
+        return self.write_batch([self.outcome(workflow_id, tenant, outcome, t, reason=reason)])[0]
+
+    def write_batch(self, writes: Sequence[LedgerWrite]) -> list[WorkflowSummary]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _apply(prev: WorkflowSummary | None, w: LedgerWrite) -> WorkflowSummary:
+        if isinstance(w, AttemptRecord):
+            return apply_attempt(prev, w)
+        if w.if_idle_since is not None and (
+            prev is None or prev.outcome is not TaskOutcome.OPEN or prev.last_t > w.if_idle_since
+        ):
+            return (
+                prev
+                if prev is not None
+                else apply_outcome(
+                    None,
+                    workflow_id=w.workflow_id,
+                    tenant=w.tenant,
+                    outcome=w.outcome,
+                    t=w.t,
+                    reason=w.reason,
+                )
+            )
+        return apply_outcome(
+            prev, workflow_id=w.workflow_id, tenant=w.tenant, outcome=w.outcome, t=w.t, reason=w.reason
+        )
+
+    def _abandon(self, *, stale_keys: Sequence[tuple[str, str]], now: float) -> list[WorkflowSummary]:
+        """Abandon the given workflows if still idle at write time; returns those abandoned."""
+        idle_since = now - self._abandon_after_s
+        writes = [
+            OutcomeRecord(wid, tenant, TaskOutcome.ABANDONED, now, "abandoned", if_idle_since=idle_since)
+            for tenant, wid in stale_keys
+        ]
+        results = self.write_batch(writes)
+        return [w for w in results if w.outcome is TaskOutcome.ABANDONED and w.settled_t == now]
+
+    def close(self) -> None:
+        return None
+
+
+class MemoryLedger(BaseLedger):
+    """In-process :class:`LedgerStore`: dicts, no persistence, not shared between processes."""
+
+    def __init__(self, *, abandon_after_s: float = DEFAULT_ABANDON_AFTER_S) -> None:
+        super().__init__(abandon_after_s=abandon_after_s)
+        self._workflows: dict[tuple[str, str], WorkflowSummary] = {}
+        self._attempts: dict[tuple[str, str], list[AttemptRecord]] = {}
+        self._request_cost: dict[tuple[str, str], float] = {}
+
+    def write_batch(self, writes: Sequence[LedgerWrite]) -> list[WorkflowSummary]:
+        out: list[WorkflowSummary] = []
+        for w in writes:
+            key = (w.tenant, w.workflow_id)
+            summary = self._apply(self._workflows.get(key), w)
+            self._workflows[key] = summary
+            if isinstance(w, AttemptRecord):
+                self._attempts.setdefault(key, []).append(w)
+                rkey = (w.tenant, w.request_id)
+                self._request_cost[rkey] = self._request_cost.get(rkey, 0.0) + w.cost_usd
+            out.append(summary)
+        return out
+
+    def get_workflow(self, workflow_id: str, tenant: str) -> WorkflowSummary | None:
+        return self._workflows.get((tenant, workflow_id))
+
+    def list_attempts(self, workflow_id: str, tenant: str) -> list[AttemptRecord]:
+        return sorted(self._attempts.get((tenant, workflow_id), ()), key=lambda a: a.t)
+
+    def request_cost(self, request_id: str, tenant: str) -> float | None:
+        return self._request_cost.get((tenant, request_id))
+
+    def sweep(self, now: float) -> list[WorkflowSummary]:
+        stale = [
+            w for w in self._workflows.values() if is_stale(w, now=now, abandon_after_s=self._abandon_after_s)
+        ]
+        writes = [
+            OutcomeRecord(w.workflow_id, w.tenant, TaskOutcome.ABANDONED, now, "abandoned") for w in stale
+        ]
+        return self.write_batch(writes)
+
+    def _tasks(self) -> Iterable[WorkflowSummary]:
+        return self._workflows.values()
+
+    def tenant_totals(self, tenant: str) -> EconomicsSummary:
+        return summarize(w.task_cost() for w in self._workflows.values() if w.tenant == tenant)
+
+    def economics(self, *, by: GroupBy | None = None) -> dict[str, EconomicsSummary]:
+        tasks = [w.task_cost() for w in self._workflows.values()]
+        if by is None:
+            return {"": summarize(tasks)}
+        if by == "tenant":
+            return summarize_by(tasks, lambda t: t.tenant)
+        return summarize_by(tasks, lambda t: t.model)
