@@ -84,4 +84,5 @@ def build(spec: PluginSpec, ctx: BuildContext) -> Any:
 
 def _load_builtins() -> None:
     # Importing the plugin modules registers them; done lazily to keep import order simple.
+    import tokenplane.core.autoscale  # noqa: F401
     from tokenplane.core import routing  # noqa: F401

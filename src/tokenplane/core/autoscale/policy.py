@@ -1,0 +1,387 @@
+"""tokenplane's autoscaler: size the serving pool from demand, backlog, SLO attainment and KV use,
+keep a warm pool to absorb rises, and scale down slowly by draining.
+
+Algorithm, per decision (``n`` = serving instances, ``c`` = per-instance capacity in req/s, learned
+online from saturated throughput, see :mod:`~tokenplane.core.autoscale.capacity`; ``u`` =
+``target_utilisation``):
+
+1. Forecast (:mod:`~tokenplane.core.autoscale.forecast`) arrivals over two horizons: activation
+   (``warm_activation_s + decision_interval_s``: what serving must cover until the next decision can
+   act) and cold (``cold_start_s + decision_interval_s``: what must already be warming now).
+2. Needs, each a serving-instance count:
+
+   * demand = ⌈upper forecast (peak + k·σ burst margin) over the activation horizon / (c·u)⌉, and
+     the token term ⌈tokens/s demand / (c_tok·u)⌉ when both are known;
+   * queue = ⌈(λ + backlog / queue_drain_s) / (c·u)⌉, λ = max(forecast level, throughput): enough to
+     serve arrivals and drain the backlog (gateway queue + engine ``waiting``) within the target;
+   * slo = n + max(1, ⌈n·slo_gain·deficit⌉) when TTFT/TBT attainment is below ``slo_target`` (or the
+     TTFT p90 above the SLO) *and* the pool is loaded (backlog, utilisation ≥ ``slo_load_gate``, or
+     KV pressure): adding GPUs to an idle pool with bad latency would hide a routing or scheduling
+     problem, not fix it. One step per ``slo_step_interval_s``, because attainment is a windowed,
+     lagging signal; between steps the term holds ``n`` (no scale-down while the SLO is failing);
+   * kv = ⌈n·mean KV use / kv_target⌉ when mean KV use ≥ ``kv_high``.
+
+   The largest need (ties: demand first) names the reason. Scale-up has no cooldown: capacity added
+   late costs SLO, capacity added early costs minutes of GPU time.
+3. Scale-down uses the same needs at utilisation ``u − scale_down_hysteresis`` (and KV at
+   ``kv_high``), so a pool does not oscillate around a threshold. That recommendation (less the
+   backlog term, which is transient by construction) is recorded on commit; the pool shrinks only
+   to the *largest* recommendation of the last ``stabilisation_s``
+   (the HPA's stabilisation window), never within ``cooldown_s`` of a scale-up, and by at most
+   ``scale_down_step_fraction`` of the pool per decision. It drains (no request is cut); drained
+   instances refill the warm pool first.
+4. Warm pool target = max(``warm_pool_size``, cold-horizon forecast need − serving target): a
+   forecast rise pre-warms instances, which the activation path then brings in within seconds.
+   Everything is clamped to [min, max]; cold starts never take the total past max.
+
+Params (all optional): ``target_utilisation`` 0.75, ``scale_down_hysteresis`` 0.1, ``queue_drain_s``
+30, ``slo_target`` 0.95, ``slo_gain`` 2, ``slo_step_interval_s`` 60, ``slo_load_gate`` 0.5,
+``kv_high`` 0.9, ``kv_target`` 0.75, ``cooldown_s`` 180, ``stabilisation_s`` 180 (shorter than the
+HPA's 300 s: drained instances park in the warm pool first, so a re-rise within minutes is absorbed
+in seconds rather than by a cold start), ``scale_down_step_fraction`` 0.25, ``decision_interval_s``
+15, ``forecast_alpha`` 0.5, ``forecast_beta`` 0.3, ``forecast_phi`` 0.9, ``burst_k`` 1.5,
+``learn_capacity`` true, ``capacity_learn_rate`` 0.2, ``capacity_bound`` 4, ``park_drained`` true.
+
+Cost: two O(history) forecast passes and one pass over the serving instances per decision.
+
+How it fails: a wrong capacity prior mis-sizes the pool until the pool saturates once (then the
+estimator learns); a burst larger than the warm pool within a cold start is served late (the queue
+and SLO terms then add capacity, which arrives after ``cold_start_s``); very noisy low-rate traffic
+inflates the burst margin, which costs money, not SLO.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from tokenplane.core.autoscale.capacity import DEFAULT_KV_SATURATED, CapacityEstimate
+from tokenplane.core.autoscale.decision import ActionKind, Needs, ScaleDecision, ScaleReason
+from tokenplane.core.autoscale.forecast import holt_forecast
+from tokenplane.core.autoscale.plan import plan_actions
+from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec
+from tokenplane.core.registry import BuildContext, register
+from tokenplane.core.routing._params import ParamReader
+
+_EPS = 1e-9
+
+
+class TokenplaneParams(msgspec.Struct, frozen=True):
+    target_utilisation: float = 0.75
+    scale_down_hysteresis: float = 0.1
+    queue_drain_s: float = 30.0
+    slo_target: float = 0.95
+    slo_gain: float = 2.0
+    slo_step_interval_s: float = 60.0
+    slo_load_gate: float = 0.5
+    kv_high: float = 0.9
+    kv_target: float = 0.75
+    cooldown_s: float = 180.0
+    stabilisation_s: float = 180.0
+    scale_down_step_fraction: float = 0.25
+    decision_interval_s: float = 15.0
+    forecast_alpha: float = 0.5
+    forecast_beta: float = 0.3
+    forecast_phi: float = 0.9
+    burst_k: float = 1.5
+    learn_capacity: bool = True
+    capacity_learn_rate: float = 0.2
+    capacity_bound: float = 4.0
+    park_drained: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target_utilisation <= 1:
+            raise ValueError(f"target_utilisation must be in (0, 1], got {self.target_utilisation}")
+        if not 0 <= self.scale_down_hysteresis < self.target_utilisation:
+            raise ValueError("scale_down_hysteresis must be in [0, target_utilisation)")
+        if not 0 < self.kv_target <= self.kv_high <= 1:
+            raise ValueError("need 0 < kv_target <= kv_high <= 1")
+        if not 0 < self.slo_target <= 1:
+            raise ValueError(f"slo_target must be in (0, 1], got {self.slo_target}")
+        if not 0 < self.scale_down_step_fraction <= 1:
+            raise ValueError("scale_down_step_fraction must be in (0, 1]")
+        if not (
+            0 < self.forecast_alpha <= 1 and 0 <= self.forecast_beta <= 1 and 0 <= self.forecast_phi <= 1
+        ):
+            raise ValueError("need 0 < forecast_alpha <= 1, 0 <= forecast_beta <= 1, 0 <= forecast_phi <= 1")
+        if self.capacity_bound < 1:
+            raise ValueError(f"capacity_bound must be >= 1, got {self.capacity_bound}")
+        if not 0 < self.capacity_learn_rate <= 1:
+            raise ValueError("capacity_learn_rate must be in (0, 1]")
+        for name in ("queue_drain_s",):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+
+
+class ScalerState(msgspec.Struct, frozen=True):
+    """Everything the tokenplane scaler remembers; replaced (never mutated) by observe/commit."""
+
+    last_scale_up_s: float | None = None
+    recommendations: tuple[tuple[float, int], ...] = ()  # (decided at, scale-down recommendation)
+    capacity_rps: CapacityEstimate = CapacityEstimate()
+    capacity_tps: CapacityEstimate = CapacityEstimate()
+
+
+def _ceil(x: float) -> int:
+    return max(0, math.ceil(x - _EPS)) if math.isfinite(x) else 1 << 30
+
+
+class TokenplaneScaler:
+    name = "tokenplane"
+
+    def __init__(self, params: TokenplaneParams | None = None) -> None:
+        self.params = params or TokenplaneParams()
+        self._state = ScalerState()
+
+    @property
+    def state(self) -> ScalerState:
+        return self._state
+
+    def capacity_rps(self, spec: PoolSpec) -> float:
+        return self._state.capacity_rps.get(spec.capacity_rps, bound=self.params.capacity_bound)
+
+    # -- state changes -------------------------------------------------------------------------
+
+    def observe(self, signal: PoolSignal, spec: PoolSpec) -> None:
+        """Learn per-instance capacity from throughput (see :mod:`capacity`)."""
+        p = self.params
+        if not p.learn_capacity:
+            return
+        ready = sum(1 for v in signal.serving if v.ready and v.healthy)
+        if ready == 0:
+            return
+        saturated = signal.backlog >= ready or signal.mean_kv_usage >= DEFAULT_KV_SATURATED
+        state = self._state
+        if signal.throughput_rps is not None:
+            est = state.capacity_rps.observe(
+                signal.throughput_rps / ready,
+                saturated=saturated,
+                prior=spec.capacity_rps,
+                rate=p.capacity_learn_rate,
+                bound=p.capacity_bound,
+            )
+            state = msgspec.structs.replace(state, capacity_rps=est)
+        if signal.throughput_tps is not None and spec.capacity_tokens_per_s is not None:
+            est = state.capacity_tps.observe(
+                signal.throughput_tps / ready,
+                saturated=saturated,
+                prior=spec.capacity_tokens_per_s,
+                rate=p.capacity_learn_rate,
+                bound=p.capacity_bound,
+            )
+            state = msgspec.structs.replace(state, capacity_tps=est)
+        self._state = state
+
+    def commit(self, decision: ScaleDecision, *, now: float) -> None:
+        """Record a decision that the shell carried out: cooldown clock and stabilisation window."""
+        horizon = now - self.params.stabilisation_s
+        recs = tuple(r for r in self._state.recommendations if r[0] > horizon and r[0] <= now)
+        last_up = self._state.last_scale_up_s
+        if decision.target_serving > decision.current_serving:
+            last_up = now
+        self._state = msgspec.structs.replace(
+            self._state,
+            recommendations=(*recs, (now, decision.recommendation)),
+            last_scale_up_s=last_up,
+        )
+
+    # -- the decision (pure) -------------------------------------------------------------------
+
+    def decide(self, signal: PoolSignal, spec: PoolSpec, *, now: float) -> ScaleDecision:
+        p = self.params
+        n = len(signal.serving)
+        cap = self.capacity_rps(spec)
+        fc_act = holt_forecast(
+            signal.arrivals,
+            horizon_s=spec.warm_activation_s + p.decision_interval_s,
+            alpha=p.forecast_alpha,
+            beta=p.forecast_beta,
+            phi=p.forecast_phi,
+            burst_k=p.burst_k,
+        )
+        fc_cold = holt_forecast(
+            signal.arrivals,
+            horizon_s=spec.cold_start_s + p.decision_interval_s,
+            alpha=p.forecast_alpha,
+            beta=p.forecast_beta,
+            phi=p.forecast_phi,
+            burst_k=p.burst_k,
+        )
+        backlog = signal.backlog
+        rate_now = max(fc_act.level_rps, signal.throughput_rps or 0.0)
+        mean_kv = signal.mean_kv_usage
+        u, u_down = p.target_utilisation, p.target_utilisation - p.scale_down_hysteresis
+
+        def demand_need(util: float) -> int:
+            need = _ceil(fc_act.upper_rps / (cap * util))
+            if spec.capacity_tokens_per_s is not None and signal.tokens_per_s_demand:
+                cap_tps = self._state.capacity_tps.get(spec.capacity_tokens_per_s, bound=p.capacity_bound)
+                need = max(need, _ceil(signal.tokens_per_s_demand / (cap_tps * util)))
+            return need
+
+        def queue_need(util: float) -> int:
+            if backlog == 0:
+                return 0
+            return _ceil((rate_now + backlog / p.queue_drain_s) / (cap * util))
+
+        # SLO feedback, gated on load (see module docstring).
+        attainments = [a for a in (signal.ttft_attainment, signal.tbt_attainment) if a is not None]
+        attainment = min(attainments) if attainments else None
+        p90_breach = (
+            spec.ttft_slo_s is not None
+            and signal.ttft_p90_s is not None
+            and signal.ttft_p90_s > spec.ttft_slo_s
+        )
+        at_risk = (attainment is not None and attainment < p.slo_target) or p90_breach
+        loaded = backlog > 0 or mean_kv >= p.kv_high or (n > 0 and rate_now / (n * cap) >= p.slo_load_gate)
+        slo_hold = n if at_risk and loaded else 0
+        slo_up = 0
+        if slo_hold:
+            last_up = self._state.last_scale_up_s
+            if last_up is None or now - last_up >= p.slo_step_interval_s:
+                deficit = max(0.0, p.slo_target - (attainment if attainment is not None else p.slo_target))
+                slo_up = n + max(1, _ceil(n * p.slo_gain * deficit / p.slo_target))
+        kv_up = _ceil(n * mean_kv / p.kv_target) if mean_kv >= p.kv_high else 0
+        kv_down = _ceil(n * mean_kv / p.kv_high)
+
+        busy = 1 if (fc_act.upper_rps > 0 or backlog > 0) else 0
+        terms = (
+            (ScaleReason.FORECAST_RISE, demand_need(u)),
+            (ScaleReason.QUEUE_GROWING, queue_need(u)),
+            (ScaleReason.SLO_AT_RISK, max(slo_up, slo_hold)),
+            (ScaleReason.KV_PRESSURE, kv_up),
+        )
+        driver, raw_up = max(terms, key=lambda t: t[1])  # first of equal maxima: demand wins ties
+        raw_up = max(raw_up, busy)
+        # What the stabilisation window remembers excludes the backlog term: it is transient by
+        # construction (sized to empty the queue), and holding a drained queue's peak for a whole
+        # window is pure cost. The window guards against demand noise; the cooldown guards churn.
+        lasting = max(terms[0][1], terms[2][1], kv_up, demand_need(u_down), slo_hold, kv_down, busy)
+        raw_down = max(lasting, terms[1][1], queue_need(u_down))
+        provision = _ceil(fc_cold.upper_rps / (cap * u))
+
+        lo, hi = spec.min_instances, spec.max_instances
+        needs = Needs(
+            demand=terms[0][1],
+            queue=terms[1][1],
+            slo=terms[2][1],
+            kv=kv_up,
+            provision=provision,
+            scale_down_to=raw_down,
+            forecast_rps=fc_act.upper_rps,
+            capacity_rps=cap,
+        )
+
+        if raw_up > n:
+            target = min(max(raw_up, lo), hi)
+            recommendation = min(max(lasting, lo), hi)
+            if raw_up > hi:
+                reason, note = ScaleReason.AT_MAX, f"need {raw_up} ({driver.value}) > max {hi}"
+            else:
+                reason, note = driver, self._note(driver, needs, backlog, attainment, mean_kv)
+        else:
+            recommendation = min(max(lasting, lo), hi)
+            floor = min(max(raw_down, lo), hi)
+            target, reason, note = self._scale_down(n, floor, raw_up, spec, now)
+
+        target_warm = max(spec.warm_pool_size, provision - target)
+        target_warm = max(0, min(target_warm, hi - target))
+        actions = plan_actions(
+            signal, spec, target_serving=target, target_warm=target_warm, park_drained=p.park_drained
+        )
+        if reason is ScaleReason.STEADY and any(
+            a.kind in (ActionKind.START_COLD, ActionKind.STOP_WARM) for a in actions
+        ):
+            if provision - target > spec.warm_pool_size:
+                reason, note = ScaleReason.FORECAST_RISE, f"pre-warming for {fc_cold.upper_rps:.2f} req/s"
+            else:
+                reason, note = ScaleReason.WARM_BACKFILL, f"warm pool to {target_warm}"
+        return ScaleDecision(
+            target_serving=target,
+            target_warm=target_warm,
+            reason=reason,
+            actions=actions,
+            current_serving=n,
+            recommendation=recommendation,
+            needs=needs,
+            note=note,
+        )
+
+    def _scale_down(
+        self, n: int, floor: int, raw_up: int, spec: PoolSpec, now: float
+    ) -> tuple[int, ScaleReason, str]:
+        p = self.params
+        lo, hi = spec.min_instances, spec.max_instances
+        if n > hi:
+            return hi, ScaleReason.AT_MAX, f"serving {n} > max {hi}"
+        if n < lo:
+            return lo, ScaleReason.AT_MIN, f"serving {n} < min {lo}"
+        if floor >= n:
+            if raw_up < lo and n == lo:
+                return n, ScaleReason.AT_MIN, f"need {raw_up} < min {lo}"
+            return n, ScaleReason.STEADY, "need met"
+        last_up = self._state.last_scale_up_s
+        if last_up is not None and now - last_up < p.cooldown_s:
+            return (
+                n,
+                ScaleReason.COOLDOWN,
+                f"scale-up {now - last_up:.0f}s ago < cooldown {p.cooldown_s:.0f}s",
+            )
+        window = [r for t, r in self._state.recommendations if now - p.stabilisation_s < t <= now]
+        stabilised = max([floor, *window])
+        if stabilised >= n:
+            return n, ScaleReason.COOLDOWN, f"stabilisation window holds {stabilised}"
+        step = max(1, math.floor(n * p.scale_down_step_fraction))
+        target = max(stabilised, lo, n - step)
+        return target, ScaleReason.OVERPROVISIONED, f"need {stabilised} over {p.stabilisation_s:.0f}s < {n}"
+
+    @staticmethod
+    def _note(driver: ScaleReason, needs: Needs, backlog: int, attainment: float | None, kv: float) -> str:
+        if driver is ScaleReason.QUEUE_GROWING:
+            return f"backlog {backlog} needs {needs.queue} at {needs.capacity_rps:.2f} req/s each"
+        if driver is ScaleReason.SLO_AT_RISK:
+            return f"attainment {attainment} needs {needs.slo}"
+        if driver is ScaleReason.KV_PRESSURE:
+            return f"mean KV use {kv:.2f} needs {needs.kv}"
+        return f"forecast {needs.forecast_rps:.2f} req/s needs {needs.demand}"
+
+
+_FLOAT_PARAMS = {
+    "target_utilisation": (0.0, 1.0, True),
+    "scale_down_hysteresis": (0.0, 1.0, False),
+    "queue_drain_s": (0.0, None, True),
+    "slo_target": (0.0, 1.0, True),
+    "slo_gain": (0.0, None, False),
+    "slo_step_interval_s": (0.0, None, False),
+    "slo_load_gate": (0.0, None, False),
+    "kv_high": (0.0, 1.0, True),
+    "kv_target": (0.0, 1.0, True),
+    "cooldown_s": (0.0, None, False),
+    "stabilisation_s": (0.0, None, False),
+    "scale_down_step_fraction": (0.0, 1.0, True),
+    "decision_interval_s": (0.0, None, False),
+    "forecast_alpha": (0.0, 1.0, True),
+    "forecast_beta": (0.0, 1.0, False),
+    "forecast_phi": (0.0, 1.0, False),
+    "burst_k": (0.0, None, False),
+    "capacity_learn_rate": (0.0, 1.0, True),
+    "capacity_bound": (1.0, None, False),
+}
+_BOOL_PARAMS = ("learn_capacity", "park_drained")
+
+
+@register("autoscaler", "tokenplane")
+def _build(params: Mapping[str, Any], ctx: BuildContext) -> TokenplaneScaler:
+    reader = ParamReader("autoscaler 'tokenplane'", params, (*_FLOAT_PARAMS, *_BOOL_PARAMS))
+    defaults = TokenplaneParams()
+    values: dict[str, Any] = {}
+    for key, (lo, hi, exclusive) in _FLOAT_PARAMS.items():
+        values[key] = reader.float_(
+            key, getattr(defaults, key), min_value=lo, max_value=hi, exclusive_min=exclusive
+        )
+    for key in _BOOL_PARAMS:
+        values[key] = reader.bool_(key, getattr(defaults, key))
+    return TokenplaneScaler(TokenplaneParams(**values))

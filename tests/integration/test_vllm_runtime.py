@@ -1,0 +1,228 @@
+"""Two real vLLM CPU instances, driven directly with the official `openai` client.
+
+These pin down the runtime behaviour the gateway relies on: streaming with usage, prefix caching and
+its metrics (per instance), the load gauges, continuation of a partial assistant message, and what a
+client sees when an instance dies mid-stream.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from tiny_model import sample_text
+from vllm_server import VllmEndpoint, VllmProcess, scrape_metrics
+
+openai = pytest.importorskip("openai", reason="the openai client is needed (dev dependency)")
+pytest.importorskip("prometheus_client", reason="prometheus_client is needed (dev dependency)")
+
+pytestmark = pytest.mark.vllm
+
+MODEL = "tiny"
+IGNORE_EOS = {"ignore_eos": True}  # random weights: make lengths exact
+
+
+def client(endpoint: VllmEndpoint, **kw: object) -> openai.OpenAI:
+    return openai.OpenAI(base_url=endpoint.base_url, api_key="unused", max_retries=0, timeout=60, **kw)
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return pred()
+
+
+def test_models_lists_the_served_name(vllm_endpoints: list[VllmEndpoint]) -> None:
+    for ep in vllm_endpoints:
+        ids = [m.id for m in client(ep).models.list()]
+        assert ids == [MODEL]
+
+
+def test_stream_chat_with_usage(vllm_endpoints: list[VllmEndpoint]) -> None:
+    stream = client(vllm_endpoints[0]).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say something."}],
+        max_tokens=32,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=IGNORE_EOS,
+    )
+    text, finish, usage, content_chunks = "", None, None, 0
+    for chunk in stream:
+        if chunk.choices:
+            delta = chunk.choices[0].delta.content or ""
+            text += delta
+            content_chunks += bool(delta)
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert finish == "length"
+    assert usage is not None and usage.completion_tokens == 32 and usage.prompt_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + 32
+    assert content_chunks > 1 and text
+
+
+def test_stream_completions_with_usage(vllm_endpoints: list[VllmEndpoint]) -> None:
+    stream = client(vllm_endpoints[1]).completions.create(
+        model=MODEL,
+        prompt="The question is",
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=IGNORE_EOS,
+    )
+    chunks = list(stream)
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 24
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert "".join(c.choices[0].text for c in chunks if c.choices)
+
+
+def test_repeated_prompt_hits_prefix_cache_on_that_instance_only(
+    vllm_endpoints: list[VllmEndpoint],
+) -> None:
+    a, b = vllm_endpoints
+    hits = "vllm:prefix_cache_hits_total"
+    before_a, before_b = scrape_metrics(a.metrics_url), scrape_metrics(b.metrics_url)
+    prompt = sample_text(300, seed=4242)  # a fresh text: nothing of it is cached yet
+    messages = [{"role": "user", "content": prompt}]
+
+    def ask() -> openai.types.CompletionUsage:
+        resp = client(a).chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=4, temperature=0, extra_body=IGNORE_EOS
+        )
+        assert resp.usage is not None
+        return resp.usage
+
+    first, second = ask(), ask()
+    assert 550 <= first.prompt_tokens <= 1500, first.prompt_tokens  # "about 600 tokens"
+    first_cached = (first.prompt_tokens_details and first.prompt_tokens_details.cached_tokens) or 0
+    assert first_cached == 0
+    assert second.prompt_tokens_details is not None
+    cached = second.prompt_tokens_details.cached_tokens or 0
+    # Whole blocks only (128 tokens on CPU); the last, partial block is recomputed.
+    assert cached > 0 and cached % 128 == 0 and cached <= second.prompt_tokens
+    assert wait_for(lambda: scrape_metrics(a.metrics_url)[hits] >= before_a[hits] + cached)
+    assert scrape_metrics(b.metrics_url)[hits] == before_b[hits]
+
+
+def test_metrics_expose_load_gauges(vllm_endpoints: list[VllmEndpoint]) -> None:
+    ep = vllm_endpoints[1]
+    gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+    idle = scrape_metrics(ep.metrics_url)
+    for name in gauges:
+        assert name in idle, name
+    for name in ("vllm:prefix_cache_queries_total", "vllm:request_success_total"):
+        assert name in idle, name
+
+    # Under load the running gauge counts the streams.
+    n = 6
+    started = threading.Barrier(n + 1, timeout=60)
+    errors: list[BaseException] = []
+
+    def stream_one(i: int) -> None:
+        try:
+            stream = client(ep).completions.create(
+                model=MODEL,
+                prompt=sample_text(20, seed=i),
+                max_tokens=1000,
+                stream=True,
+                extra_body=IGNORE_EOS,
+            )
+            with stream:
+                for k, _ in enumerate(stream):
+                    if k == 1:
+                        started.wait()
+                    if k == 200:
+                        break  # closing the stream aborts the request in the engine
+        except BaseException as e:
+            errors.append(e)
+            started.abort()
+
+    threads = [threading.Thread(target=stream_one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    started.wait()
+    busy = scrape_metrics(ep.metrics_url)
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert busy["vllm:num_requests_running"] >= 1
+    assert 0.0 < busy["vllm:kv_cache_usage_perc"] <= 1.0
+    assert wait_for(lambda: scrape_metrics(ep.metrics_url)["vllm:num_requests_running"] == 0)
+
+
+def test_continue_final_message(vllm_endpoints: list[VllmEndpoint]) -> None:
+    """`continue_final_message` renders the partial assistant turn open (no <|im_end|>, no new header)
+    and generates from there: the same prompt tokens, and greedy output, as the raw rendered text."""
+    ep = vllm_endpoints[0]
+    partial = "The answer is"
+    messages = [
+        {"role": "user", "content": "What is the question?"},
+        {"role": "assistant", "content": partial},
+    ]
+    rendered = f"<|im_start|>user\nWhat is the question?<|im_end|>\n<|im_start|>assistant\n{partial}"
+    cont = {"continue_final_message": True, "add_generation_prompt": False, **IGNORE_EOS}
+
+    stream = client(ep).chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=cont,
+    )
+    text, usage = "", None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        usage = chunk.usage or usage
+    raw = client(ep).completions.create(
+        model=MODEL, prompt=rendered, max_tokens=16, temperature=0, extra_body=IGNORE_EOS
+    )
+    assert usage is not None and raw.usage is not None
+    assert usage.prompt_tokens == raw.usage.prompt_tokens
+    assert text == raw.choices[0].text
+
+    # The default (a closed assistant turn and a fresh header) is a different, longer prompt.
+    closed = client(ep).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=1, extra_body=IGNORE_EOS
+    )
+    assert closed.usage is not None and closed.usage.prompt_tokens > usage.prompt_tokens
+
+
+def test_sigkill_mid_stream_breaks_the_client_stream(
+    vllm_instances: list[VllmProcess], vllm_endpoints: list[VllmEndpoint]
+) -> None:
+    """A crashed instance ends the stream with an error, not a clean finish; the other one serves on.
+    (The autouse fixture restarts the killed instance before the next test that needs it.)"""
+    victim, other = vllm_instances[1], vllm_endpoints[0]
+    stream = client(vllm_endpoints[1]).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Talk for a long time."}],
+        max_tokens=1900,
+        stream=True,
+        extra_body=IGNORE_EOS,
+    )
+    received, finish = 0, None
+    with pytest.raises(openai.APIConnectionError):  # the connection drops mid-body
+        for chunk in stream:
+            received += 1
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+            if received == 5:
+                victim.kill()
+    assert received >= 5 and finish is None, (received, finish)
+    assert not victim.alive()
+    with pytest.raises(openai.APIConnectionError):
+        client(vllm_endpoints[1]).models.list()
+    resp = client(other).completions.create(model=MODEL, prompt="Still here", max_tokens=2)
+    assert resp.usage is not None and resp.usage.completion_tokens >= 1
