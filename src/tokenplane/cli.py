@@ -169,6 +169,40 @@ def plan(
         typer.echo(result.summary())
 
 
+@app.command()
+def emulate(
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    gpu: Annotated[str, typer.Option(help="GPU from the catalogue.")] = "H100",
+    model: Annotated[str, typer.Option(help="Model from the catalogue.")] = "llama-3-8b",
+    served_model_name: Annotated[str | None, typer.Option(help="Name clients use.")] = None,
+    tp: Annotated[int, typer.Option(help="Tensor parallelism.")] = 1,
+    max_num_seqs: Annotated[int, typer.Option(help="Batch slots.")] = 256,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="Token budget per step.")] = 2048,
+    kv_capacity_tokens: Annotated[
+        int | None, typer.Option(help="KV cache size (default: sized from HBM).")
+    ] = None,
+    speed: Annotated[float, typer.Option(help="Virtual seconds per wall second.")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seed for generated text.")] = 0,
+) -> None:
+    """Serve one emulated GPU instance in real time (OpenAI API, vLLM metrics, fault injection)."""
+    from tokenplane.emulator.cli import emulate as run_emulator
+
+    run_emulator(
+        port,
+        host,
+        gpu,
+        model,
+        served_model_name,
+        tp,
+        max_num_seqs,
+        max_num_batched_tokens,
+        kv_capacity_tokens,
+        speed,
+        seed,
+    )
+
+
 @app.command("example-scenario")
 def example_scenario() -> None:
     """Print the embedded default scenario, a starting point for your own."""

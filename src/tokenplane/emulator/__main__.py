@@ -1,0 +1,3 @@
+from tokenplane.emulator.cli import main
+
+main()
