@@ -30,6 +30,40 @@ def default_scenario_text() -> str:
 
 
 @app.command()
+def up(
+    instances: Annotated[int, typer.Option(help="Emulated GPU instances.")] = 4,
+    users: Annotated[int, typer.Option(help="Concurrent agentic users.")] = 16,
+    tasks: Annotated[int, typer.Option(help="Tasks per user.")] = 1,
+    steps: Annotated[int, typer.Option(help="Steps (model calls) per task.")] = 5,
+    router: Annotated[str, typer.Option(help="Routing policy of the gateway.")] = "prefix-affinity",
+    speed: Annotated[float, typer.Option(help="Emulated seconds per wall second.")] = 1.0,
+    out: Annotated[Path | None, typer.Option("--out", help="Also write DIR/up.json.")] = None,
+) -> None:
+    """The main job: gateway + emulated fleet + agentic users; prints what the control plane did."""
+    import asyncio
+
+    from tokenplane.demo import print_result, run_demo, write_result
+
+    console = Console() if sys.stdout.isatty() else Console(width=120)
+    console.print(
+        f"starting {instances} emulated H100 instances and the gateway ({router}); "
+        f"{users} agentic users x {tasks} task(s) x {steps} steps"
+    )
+    try:
+        result = asyncio.run(
+            run_demo(instances=instances, users=users, tasks=tasks, steps=steps, router=router, speed=speed)
+        )
+    except RuntimeError as exc:
+        _fail(str(exc), code=1)
+        return
+    print_result(result, console)
+    if out is not None:
+        console.print(f"summary: {write_result(result, out)}")
+    if result.errors:
+        raise typer.Exit(1)
+
+
+@app.command()
 def simulate(
     scenario: Annotated[
         Path | None, typer.Argument(help="Scenario YAML; the embedded default scenario when omitted.")

@@ -163,6 +163,7 @@ class ContinuousEngine:
         self._run_n = 0
         self._run_a = 0.0
         self._run_b = 0.0
+        self._run_dropped = 0
         self.slow = 1.0  # step-time multiplier: a degraded GPU (thermal throttling, bad HBM, noisy host)
         self.ready = True  # accepts new work (false while lost, draining or warming up)
         self._run_c = 0
@@ -257,6 +258,9 @@ class ContinuousEngine:
             inflight = int(seq.state == DECODE and self.busy and not self._in_run)
             if inflight:
                 self._run_n -= 1
+            elif seq.state == DECODE and self._in_run:
+                # The planned run keeps its timing; its end must not advance this sequence.
+                self._run_dropped += 1
             self._release(seq, inflight)
         seq.state = DONE
         self.outstanding_tokens -= seq.spec.prompt_tokens + seq.info.max_output_tokens
@@ -453,6 +457,7 @@ class ContinuousEngine:
                 self._plan_step(now, force=True)
                 return
         n = self.n_dec
+        self._run_dropped = 0
         a = self.model.linear_time(n) * self.slow
         self._run_b = self.model.decode_kv_s_per_token * self.slow
         self._run_start = now
@@ -500,6 +505,7 @@ class ContinuousEngine:
         if version != self.version:
             return
         k, n = self._run_k, self._run_n
+        live = n - self._run_dropped  # decoders still in the batch (aborts leave the timing as planned)
         self._in_run = False
         if k:
             if not self.kv.allocate(self._dec_blocks(k)):  # pragma: no cover - planned to fit
@@ -508,15 +514,15 @@ class ContinuousEngine:
             first = a + b * c
             last = a + b * (c + (k - 1) * n)
             if last <= first * 1.02 or k < 4:
-                self.tbt.add((first + last) / 2, k * n)
+                self.tbt.add((first + last) / 2, k * live)
             else:
                 quarter = k // 4
                 for i in range(4):
                     steps = quarter if i < 3 else k - 3 * quarter
                     mid = a + b * (c + (i * quarter + steps / 2) * n)
-                    self.tbt.add(mid, steps * n)
+                    self.tbt.add(mid, steps * live)
             self.dsteps += k
-            self.sum_ctx += n * k
+            self.sum_ctx += live * k
             self.record.steps += k
             self._finish_due(now)
         self._plan(now)

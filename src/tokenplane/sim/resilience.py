@@ -95,11 +95,11 @@ class CoreControls(ControlHooks):
     def allow_retry(self, spec: RequestSpec, attempt: int, *, now: float, continuation: bool) -> bool:
         if self.budget is None:
             return True
-        return self.budget.try_spend(spec.prompt_tokens, now=now).allowed
+        return self.budget.try_spend(spec.prompt_tokens + spec.output_tokens, now=now).allowed
 
     def on_first_attempt(self, spec: RequestSpec, *, now: float) -> None:
         if self.budget is not None:
-            self.budget.on_first_attempt(spec.prompt_tokens, now=now)
+            self.budget.on_first_attempt(spec.prompt_tokens + spec.output_tokens, now=now)
 
     def on_dispatch(self, instance_id: str, *, now: float) -> None:
         if self.board is not None:
@@ -233,6 +233,7 @@ class ResilientFleet(Fleet):
         self._uid += 1
         self._in_flight += 1
         attempt_rec = RequestRecord(spec.request_id, spec.tenant, now, spec.prompt_tokens, spec.output_tokens)
+        attempt_rec.instance_id = engine.id
         seq = Seq(self._uid, spec, info, attempt_rec, self.bs)
         p.seq, p.engine, p.info = seq, engine, info
         p.tried.add(engine.id)
@@ -260,15 +261,16 @@ class ResilientFleet(Fleet):
         self._in_flight -= 1
         self._last_activity = max(self._last_activity, now)
         p = self._pending.pop(seq.uid, None)
-        if p is not None and p.engine is not None:
-            self.router.on_finished(seq.info, p.engine.id, now=now)
-            # The breaker's latency signal: seconds per output token (a slow GPU is slow per
-            # token whatever the output length; end-to-end time would mostly measure length).
-            per_token = (now - seq.record.arrival_s) / max(1, seq.spec.output_tokens)
-            self.hooks.on_result(p.engine.id, True, per_token, now=now)
+        own = seq.record.instance_id or ""  # the instance this attempt ran on, not the latest one
+        self.router.on_finished(seq.info, own, now=now)
         if p is None or p.done or p.seq is not seq:
-            self.counters["zombie_completions"] += 1  # finished after its client had given up
+            # Finished after its client had given up; the timeout already reported this attempt.
+            self.counters["zombie_completions"] += 1
             return
+        # The breaker's latency signal: seconds per output token (a slow GPU is slow per token
+        # whatever the output length; end-to-end time would mostly measure length).
+        per_token = (now - seq.record.arrival_s) / max(1, seq.spec.output_tokens)
+        self.hooks.on_result(own, True, per_token, now=now)
         att = seq.record
         rec = p.record
         if rec.first_token_s is None:

@@ -1,0 +1,5 @@
+"""``python -m tokenplane`` is the ``tokenplane`` command."""
+
+from tokenplane.cli import app
+
+app()
