@@ -20,10 +20,29 @@ def test_builtins_are_registered() -> None:
         "prefix-affinity",
         "random",
         "round-robin",
+        "seven-axis",
         "weighted",
     ]
-    assert names("filter") == ["kv-below", "queue-below", "ready"]
-    assert names("scorer") == ["kv-usage", "outstanding-tokens", "prefix-overlap", "queue-depth"]
+    assert names("filter") == [
+        "gpu-generation",
+        "kv-below",
+        "kv-headroom",
+        "queue-below",
+        "ready",
+        "weights-ready",
+    ]
+    assert names("scorer") == [
+        "gpu-fit",
+        "hbm-headroom",
+        "kv-usage",
+        "latency-budget",
+        "outstanding-tokens",
+        "prefix-overlap",
+        "queue-depth",
+        "tenant-priority",
+        "weights-ready",
+        "workflow-affinity",
+    ]
     assert names("picker") == ["max-score", "random-top"]
 
 

@@ -54,6 +54,9 @@ class RequestInfo(msgspec.Struct, frozen=True):
     priority: int = 0
     arrival_s: float = 0.0
     workflow: WorkflowContext | None = None
+    latency_budget_s: float | None = None  # time-to-first-token budget counted from arrival_s
+    quality_class: str = ""  # which models may stand in for the requested one (Move)
+    min_gpu_generation: int = 0
 
 
 class InstanceView(msgspec.Struct, frozen=True):
@@ -76,6 +79,9 @@ class InstanceView(msgspec.Struct, frozen=True):
     kv_usage: float = 0.0
     kv_capacity_tokens: int = 0
     price_per_hour: float = 0.0
+    weights: str = "warm"  # model-weight readiness: warm, warming or cold
+    hbm_free_bytes: int = 0
+    predicted_ttft_s: float = 0.0
     labels: Mapping[str, str] = msgspec.field(default_factory=_empty_labels)
 
 

@@ -20,6 +20,14 @@ Weights are numbers >= 0 (default 1; 0 disables a scorer). The router owns one
 (``prefix-overlap``) and updates it in ``on_routed`` — only if some scorer reads it. ``select`` never
 changes it; ``forget(instance_id)`` drops an instance's entries.
 
+Stateful parts: a filter or scorer (with weight > 0) that has ``on_routed``, ``on_finished`` and
+``forget`` (the :class:`RoutingObserver` protocol, e.g. ``workflow-affinity``) is called from the
+router's methods of the same name, after the prefix index, in profile order (filters, then scorers).
+That is the only place its state may change; ``select`` only reads it.
+
+Other profiles reuse this router under their own name (``seven-axis`` builds one through
+:func:`build_weighted` with its own defaults).
+
 Cost: the sum of the filters' and scorers' passes (each O(candidates), plus the prefix walk), one list
 of totals per scorer, and a dict only with ``record_scores``. Several times the cost of a least-load
 pass; use it where the better choice pays for that.
@@ -32,7 +40,7 @@ reported signals lag, and a strict ``max-score`` picker herds on stale scores (u
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.registry import BuildContext, PluginSpec, build, register
@@ -53,6 +61,17 @@ DEFAULT_PICKER = "max-score"
 _OWNER = "router 'weighted'"
 
 
+@runtime_checkable
+class RoutingObserver(Protocol):
+    """A filter or scorer with state: it hears what the shell did, through the router."""
+
+    def on_routed(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None: ...
+
+    def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None: ...
+
+    def forget(self, instance_id: InstanceId) -> None: ...
+
+
 class WeightedRouter:
     name = "weighted"
 
@@ -64,7 +83,9 @@ class WeightedRouter:
         picker: Picker | None = None,
         max_blocks_per_instance: int = DEFAULT_MAX_BLOCKS_PER_INSTANCE,
         record_scores: bool = False,
+        name: str = "weighted",
     ) -> None:
+        self.name = name
         for scorer, weight in scorers:
             if not weight >= 0:
                 raise ValueError(f"scorer {scorer.name!r}: weight must be >= 0, got {weight}")
@@ -82,6 +103,10 @@ class WeightedRouter:
         for _, weight in self.scorers:  # same order as the totals, so a total never exceeds it
             weight_sum += weight
         self._weight_sum = weight_sum
+        parts: list[object] = [*self.filters, *(s for s, _ in self.scorers)]
+        self._observers: tuple[RoutingObserver, ...] = tuple(
+            p for p in parts if isinstance(p, RoutingObserver)
+        )
 
     def select(
         self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float
@@ -112,56 +137,72 @@ class WeightedRouter:
     def on_routed(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
         if self._uses_index:
             self.index.insert(instance_id, request.block_hashes, now)
+        for observer in self._observers:
+            observer.on_routed(request, instance_id, now=now)
 
     def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
-        pass
+        for observer in self._observers:
+            observer.on_finished(request, instance_id, now=now)
 
     def forget(self, instance_id: InstanceId) -> None:
         self.index.forget(instance_id)
+        for observer in self._observers:
+            observer.forget(instance_id)
 
 
-def _as_list(value: Any, key: str) -> list[Any]:
+WEIGHTED_PARAMS = ("filters", "scorers", "picker", "max_blocks_per_instance", "record_scores")
+"""The params :func:`build_weighted` accepts (profiles built on it add their own)."""
+
+
+def _as_list(value: Any, key: str, owner: str = _OWNER) -> list[Any]:
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise InvalidPolicyConfig(f"{_OWNER}: param {key!r} must be a list, got {value!r}")
+        raise InvalidPolicyConfig(f"{owner}: param {key!r} must be a list, got {value!r}")
     return list(value)
 
 
-def _build_part(raw: Any, kind: str, ctx: BuildContext) -> Any:
+def _build_part(raw: Any, kind: str, ctx: BuildContext, owner: str = _OWNER) -> Any:
     try:
         spec = PluginSpec.parse(raw, default_kind=kind)
         if spec.kind != kind:
             raise InvalidPolicyConfig(f"expected a {kind}, got kind {spec.kind!r} in {raw!r}")
         return build(spec, ctx)
     except InvalidPolicyConfig as exc:
-        raise InvalidPolicyConfig(f"{_OWNER}: {exc}") from exc
+        raise InvalidPolicyConfig(f"{owner}: {exc}") from exc
 
 
-def _weight(item: Mapping[str, Any]) -> float:
+def _weight(item: Mapping[str, Any], owner: str = _OWNER) -> float:
     weight = item.get("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
         raise InvalidPolicyConfig(
-            f"{_OWNER}: scorer {item.get('name')!r}: weight must be a number >= 0, got {weight!r}"
+            f"{owner}: scorer {item.get('name')!r}: weight must be a number >= 0, got {weight!r}"
         )
     return float(weight)
 
 
-@register("router", "weighted")
-def _build(params: Mapping[str, Any], ctx: BuildContext) -> WeightedRouter:
-    reader = ParamReader(
-        _OWNER, params, ("filters", "scorers", "picker", "max_blocks_per_instance", "record_scores")
-    )
-    filters = [_build_part(f, "filter", ctx) for f in _as_list(reader.raw("filters", []), "filters")]
-    scorer_items = _as_list(reader.raw("scorers", DEFAULT_SCORERS), "scorers")
+def build_weighted(
+    params: Mapping[str, Any],
+    ctx: BuildContext,
+    *,
+    owner: str = _OWNER,
+    name: str = "weighted",
+    default_scorers: Sequence[Any] = DEFAULT_SCORERS,
+    default_filters: Sequence[Any] = (),
+) -> WeightedRouter:
+    """Build a weighted profile from ``params`` (keys :data:`WEIGHTED_PARAMS`), naming ``owner`` in errors."""
+    reader = ParamReader(owner, params, WEIGHTED_PARAMS)
+    filter_items = _as_list(reader.raw("filters", list(default_filters)), "filters", owner)
+    filters = [_build_part(f, "filter", ctx, owner) for f in filter_items]
+    scorer_items = _as_list(reader.raw("scorers", default_scorers), "scorers", owner)
     if not scorer_items:
-        raise InvalidPolicyConfig(f"{_OWNER}: param 'scorers' must name at least one scorer")
+        raise InvalidPolicyConfig(f"{owner}: param 'scorers' must name at least one scorer")
     scorers: list[tuple[Scorer, float]] = []
     for item in scorer_items:
         if isinstance(item, Mapping):
             rest = {k: v for k, v in item.items() if k != "weight"}
-            scorers.append((_build_part(rest, "scorer", ctx), _weight(item)))
+            scorers.append((_build_part(rest, "scorer", ctx, owner), _weight(item, owner)))
         else:
-            scorers.append((_build_part(item, "scorer", ctx), 1.0))
-    picker = _build_part(reader.raw("picker", DEFAULT_PICKER), "picker", ctx)
+            scorers.append((_build_part(item, "scorer", ctx, owner), 1.0))
+    picker = _build_part(reader.raw("picker", DEFAULT_PICKER), "picker", ctx, owner)
     return WeightedRouter(
         scorers=scorers,
         filters=filters,
@@ -170,4 +211,10 @@ def _build(params: Mapping[str, Any], ctx: BuildContext) -> WeightedRouter:
             "max_blocks_per_instance", DEFAULT_MAX_BLOCKS_PER_INSTANCE, min_value=1
         ),
         record_scores=reader.bool_("record_scores", False),
+        name=name,
     )
+
+
+@register("router", "weighted")
+def _build(params: Mapping[str, Any], ctx: BuildContext) -> WeightedRouter:
+    return build_weighted(params, ctx)
