@@ -231,7 +231,7 @@ def test_embedded_default_and_examples_parse() -> None:
         sc = load_scenario(path)
         assert sc.runs, path
     batching = load_scenario(EXAMPLES / "batching.yaml")
-    static, continuous = batching.runs
+    static, continuous = batching.runs[:2]
     assert static.fleet.engine.kind == "static"
     assert static.fleet.engine.max_model_len == 8192  # from the base engine
     assert continuous.fleet.engine.kind == "continuous"
@@ -249,3 +249,20 @@ def test_embedded_default_and_examples_parse() -> None:
 def test_run_workload_and_router_are_validated_at_load(override: dict[str, Any]) -> None:
     with pytest.raises(ScenarioError, match=r"runs\[1\]"):
         parse_scenario(_base(runs=[{"name": "ok"}, {"name": "bad", **override}]))
+
+
+def test_run_with_another_kind_of_workload_replaces_the_base_one() -> None:
+    sc = parse_scenario(
+        {
+            "workload": {"type": "azure", "path": "azure.csv", "time_scale": 0.5},
+            "runs": [
+                {"name": "a"},
+                {"name": "b", "workload": {"type": "synthetic", "rate_rps": 5, "num_requests": 10}},
+                {"name": "c", "workload": {"time_scale": 2.0}},
+            ],
+        }
+    )
+    a, b, c = sc.runs
+    assert a.workload == {"type": "azure", "path": "azure.csv", "time_scale": 0.5}
+    assert b.workload == {"type": "synthetic", "rate_rps": 5, "num_requests": 10}
+    assert c.workload == {"type": "azure", "path": "azure.csv", "time_scale": 2.0}

@@ -181,7 +181,11 @@ def parse_scenario(raw: Any, *, source: str | None = None) -> Scenario:
         extra = set(r) - _RUN_KEYS
         if extra:
             raise ScenarioError(f"{where}: runs[{i}]: unknown keys {sorted(extra)}")
-        merged = deep_merge(base_run, {k: v for k, v in r.items() if k != "name"})
+        overrides = {k: v for k, v in r.items() if k != "name"}
+        merged = deep_merge(base_run, overrides)
+        wl = overrides.get("workload")
+        if isinstance(wl, Mapping) and wl.get("type", base.workload.get("type")) != base.workload.get("type"):
+            merged["workload"] = copy.deepcopy(dict(wl))  # another kind of workload replaces, not merges
         merged["name"] = str(r.get("name") or router_label(merged["router"]))
         if merged["name"] in seen:
             raise ScenarioError(f"{where}: runs[{i}]: duplicate run name {merged['name']!r}")
