@@ -34,7 +34,6 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from tokenplane.core.prompt_hash import block_hashes
 from tokenplane.core.views import RequestInfo, RouteDecision
 from tokenplane.gateway.catalog import ModelCatalog, ServedModel
 from tokenplane.gateway.config import GatewayConfig, LimitsConfig
@@ -47,6 +46,7 @@ from tokenplane.gateway.errors import (
     UpstreamError,
     error_response,
 )
+from tokenplane.gateway.hashing import BlockHasher
 from tokenplane.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from tokenplane.gateway.proxy import (
     OUTCOME_CLIENT_GONE,
@@ -81,6 +81,7 @@ class Gateway:
         self.catalog = ModelCatalog(config.models, rng or random.Random())
         self.pool = UpstreamPool(config.instances, config.scrape, config.health, on_down=self._forget)
         self.metrics = GatewayMetrics(self.pool.all)
+        self.hasher = BlockHasher()
         self.session: aiohttp.ClientSession | None = None
         self._ids = itertools.count(1)
         self._id_prefix = f"tp-{os.getpid():x}-{int(time.time()):x}-"
@@ -95,7 +96,13 @@ class Gateway:
         )
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=POOL_LIMIT_PER_HOST, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+            # One session serves every tenant: cookies an instance sets must not travel to the next
+            # caller's request (and an empty jar is still consulted per request).
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         await self.pool.start(self.session)
 
@@ -135,7 +142,7 @@ class Gateway:
             model=model.name,
             prompt_tokens=parsed.prompt_tokens,
             max_output_tokens=parsed.max_tokens or ASSUMED_OUTPUT_TOKENS,
-            block_hashes=block_hashes(parsed.prompt_text),
+            block_hashes=self.hasher.hashes(parsed.prompt_text),
             tenant=tenant.name,
             priority=tenant.priority,
             arrival_s=now,

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 import aiohttp
 import msgspec
 from aiohttp import web
+from yarl import URL
 
 from tokenplane.core.views import RequestInfo
 from tokenplane.gateway.errors import (
@@ -95,7 +96,7 @@ class Exchange:
 
 
 async def open_upstream(
-    session: aiohttp.ClientSession, upstream: Upstream, url: str, body: bytes
+    session: aiohttp.ClientSession, upstream: Upstream, url: URL, body: bytes
 ) -> aiohttp.ClientResponse:
     """Send the request; the caller owns (and must close or release) the response."""
     try:
@@ -160,7 +161,10 @@ def scan_events(buf: bytes, end: int) -> tuple[int, bool, int, tuple[int, int] |
         nxt = buf.find(b"\n\n", pos, end)
         if nxt < 0:  # pragma: no cover - end always follows a separator
             nxt = end - 2
-        if buf.startswith(b"data:", pos):
+        if buf.startswith(b"data: {", pos) and buf[nxt - 1] == 0x7D:  # the usual token event
+            n += 1
+            last = (pos + 6, nxt)
+        elif buf.startswith(b"data:", pos):
             p = pos + 5
             while p < nxt and buf[p] in b" \t":
                 p += 1

@@ -29,7 +29,9 @@ from typing import Any
 
 import aiohttp
 import msgspec
+from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client.parser import text_string_to_metric_families
+from yarl import URL
 
 from tokenplane.core.views import InstanceView
 from tokenplane.gateway.config import HealthConfig, InstanceConfig, ScrapeConfig
@@ -111,14 +113,16 @@ class Upstream:
         self.config = config
         self.id = config.id
         self.model = config.model
-        self.chat_url = config.url + "/v1/chat/completions"
-        self.completions_url = config.url + "/v1/completions"
+        # Parsed once: aiohttp would otherwise parse a URL string and build a headers multidict per
+        # request (about 10 µs of a request's CPU).
+        self.chat_url = URL(config.url + "/v1/chat/completions")
+        self.completions_url = URL(config.url + "/v1/completions")
         self.metrics_url = config.url + config.metrics_path
         self.health_url = config.url + health.path
-        headers = {"Content-Type": "application/json"}
+        headers = CIMultiDict({"Content-Type": "application/json"})
         if config.api_key:
             headers["Authorization"] = f"Bearer {config.api_key}"
-        self.headers: Mapping[str, str] = MappingProxyType(headers)
+        self.headers: Mapping[str, str] = CIMultiDictProxy(headers)
         self.labels: Mapping[str, str] = MappingProxyType(dict(config.labels))
         self._failures_to_down = health.failures_to_down
         self.in_flight = 0
