@@ -139,6 +139,9 @@ def simulate(
             {name: RunData(o.result.records, o.result.instances, o.report) for name, o in outcomes.items()},
         )
         console.print(f"plots: {', '.join(str(f) for f in files)}")
+        from tokenplane.sim.html_report import write_html_report
+
+        console.print(f"html: {write_html_report(out, runs, files, scenario=sc.name)}")
     console.print(f"report: {path}")
 
 
@@ -235,6 +238,18 @@ def emulate(
         speed,
         seed,
     )
+
+
+@app.command()
+def top(
+    gateway: Annotated[str, typer.Option(help="The gateway's base URL.")] = "http://127.0.0.1:8080",
+    interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 1.0,
+    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+) -> None:
+    """A live terminal view of a running gateway: instances, rates, latency, queue, decisions."""
+    from tokenplane.top import top as run_top
+
+    run_top(gateway, interval, once)
 
 
 @app.command("example-scenario")

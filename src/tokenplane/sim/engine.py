@@ -166,6 +166,7 @@ class ContinuousEngine:
         self._run_dropped = 0
         self.slow = 1.0  # step-time multiplier: a degraded GPU (thermal throttling, bad HBM, noisy host)
         self.ready = True  # accepts new work (false while lost, draining or warming up)
+        self.weights = "warm"  # model-weight readiness (warm, warming, cold); set by the lifecycle
         self._run_c = 0
         self._step_dt = 0.0
         self._in_run = False
@@ -285,6 +286,7 @@ class ContinuousEngine:
             kv_usage=self.kv.usage,
             kv_capacity_tokens=self.capacity_tokens,
             price_per_hour=rec.price_per_hour,
+            weights=self.weights,
         )
 
     def busy_seconds(self, now: float) -> float:

@@ -40,6 +40,7 @@ class FleetResult:
     tbt: TbtHistogram
     duration_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    lifecycle: Any = None  # the run's sim.lifecycle.Lifecycle when instances have one
 
 
 class Fleet:
@@ -76,12 +77,15 @@ class Fleet:
         self._last_busy = [0.0] * len(self.engines)
         self._last_sample_t = 0.0
         self._last_activity = 0.0
+        self.arrivals_done = False
 
     # -- arrivals ------------------------------------------------------------------------------
     def _next_arrival(self) -> None:
         spec = next(self._arrivals, None)
         if spec is not None:
             self.loop.schedule(spec.arrival_s, self._on_arrival, spec)
+        else:
+            self.arrivals_done = True
 
     def _on_arrival(self, now: float, spec: RequestSpec) -> None:
         self._next_arrival()
@@ -183,6 +187,11 @@ class Fleet:
             self.loop.schedule(now + self._sample_interval, self._sample)
 
     # -- run -----------------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        """Arrivals are still to come or requests are in flight (follow-ups not yet due excepted)."""
+        return self._in_flight > 0 or not self.arrivals_done
+
     def run(
         self, *, until: float | None = None, on_progress: Callable[[float], None] | None = None
     ) -> FleetResult:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["MAX_POINTS", "RunData", "plot_runs"]
+__all__ = ["MAX_POINTS", "RunData", "plot_fleet_timeline", "plot_runs"]
 
 #: Most points drawn per line.
 MAX_POINTS = 5000
@@ -215,4 +215,70 @@ def plot_runs(out_dir: Path, runs_data: Mapping[str, RunData]) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8, 5))
     _plot_goodput(ax, runs_data)
     save(fig, "goodput_timeline.png")
+    fleet_png = plot_fleet_timeline(out_dir, runs_data)
+    if fleet_png is not None:
+        written.append(fleet_png)
     return written
+
+
+def plot_fleet_timeline(out_dir: Path, runs_data: Mapping[str, RunData]) -> Path | None:
+    """``fleet_timeline.png`` for the runs whose report carries ``fleet_timeline`` (autoscaled runs).
+
+    One panel per run: instances serving (solid) and warming (dashed: cold starts plus activations)
+    over time; demand (arrivals per second, from ``demand_timeline``) on a second axis; and a
+    bottom panel with TTFT-SLO attainment per arrival bucket (``slo_timeline``) for every run.
+    Returns None (and writes nothing) when no run has a fleet timeline.
+    """
+    runs = {n: d for n, d in runs_data.items() if d.report.get("fleet_timeline")}
+    if not runs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(runs)
+    fig, axes = plt.subplots(n + 1, 1, figsize=(10, 2.8 * (n + 1) + 0.6), squeeze=False, sharex=True)
+    for row, (name, data) in enumerate(runs.items()):
+        ax = axes[row][0]
+        timeline = data.report["fleet_timeline"]
+        xs = [float(p[0]) for p in timeline]
+        xs_s, serving = _downsample_xy(xs, [float(p[1]) for p in timeline])
+        _, warming = _downsample_xy(xs, [float(p[2]) for p in timeline])
+        ax.step(xs_s, serving, where="post", label="serving", linewidth=1.2)
+        ax.step(xs_s, warming, where="post", label="warming", linestyle="--", linewidth=0.9)
+        ax.set_ylabel("instances")
+        ax.set_ylim(bottom=0)
+        gpu_h = data.report.get("gpu_hours")
+        att = data.report.get("ttft_slo_attainment")
+        title = name
+        if isinstance(gpu_h, (int, float)):
+            title += f"  ·  {gpu_h:.1f} GPU-h"
+        if isinstance(att, (int, float)):
+            title += f"  ·  TTFT SLO met {att:.1%}"
+        ax.set_title(title, fontsize="medium")
+        demand = data.report.get("demand_timeline") or []
+        if demand:
+            ax2 = ax.twinx()
+            dx, dy = _downsample_xy([float(p[0]) for p in demand], [float(p[1]) for p in demand])
+            ax2.plot(dx, dy, color="grey", alpha=0.5, linewidth=0.8, label="demand")
+            ax2.set_ylabel("arrivals / s", color="grey")
+            ax2.set_ylim(bottom=0)
+        ax.legend(fontsize="x-small", loc="upper left")
+    ax = axes[n][0]
+    for name, data in runs.items():
+        points = [p for p in data.report.get("slo_timeline") or [] if p[1] is not None]
+        if points:
+            xs2, ys2 = _downsample_xy([float(p[0]) for p in points], [float(p[1]) for p in points])
+            ax.plot(xs2, ys2, label=name, linewidth=0.9)
+    ax.set_ylabel("TTFT SLO attainment")
+    ax.set_ylim(0.0, 1.05)
+    ax.set_xlabel("simulated time (s)")
+    ax.legend(fontsize="x-small", loc="lower left")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "fleet_timeline.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

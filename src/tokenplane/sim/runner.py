@@ -10,15 +10,24 @@ from pathlib import Path
 from typing import Any
 
 from tokenplane.core.routing import build_router
+from tokenplane.sim.autoscaling import (
+    AutoscalingShell,
+    autoscale_report,
+    build_scaler_and_pool,
+    group_price,
+    group_timings,
+    initial_states,
+)
 from tokenplane.sim.catalog import Catalog, kv_capacity_tokens
 from tokenplane.sim.engine import ContinuousEngine, EngineConfig, Seq
 from tokenplane.sim.fleet import Engine, Fleet, FleetResult
 from tokenplane.sim.kernel import EventLoop
+from tokenplane.sim.lifecycle import Lifecycle, Timings
 from tokenplane.sim.perf_model import StepTimeModel
 from tokenplane.sim.records import InstanceRecord, TbtHistogram
 from tokenplane.sim.report import Slo, build_run_report, goodput_timeline
 from tokenplane.sim.resilience import CoreControls, ResilientFleet
-from tokenplane.sim.scenario import FleetSettings, RunSettings, Scenario
+from tokenplane.sim.scenario import FleetGroup, FleetSettings, RunSettings, Scenario
 from tokenplane.sim.static_engine import StaticEngine
 from tokenplane.sim.workloads.base import Workload
 from tokenplane.sim.workloads.factory import build_workload
@@ -34,7 +43,7 @@ class RunOutcome:
     report: dict[str, Any]
 
 
-def engine_config(fleet: FleetSettings, catalog: Catalog) -> EngineConfig:
+def engine_config(fleet: FleetSettings | FleetGroup, catalog: Catalog) -> EngineConfig:
     e = fleet.engine
     kv_tokens = e.kv_capacity_tokens
     if kv_tokens is None:
@@ -63,41 +72,56 @@ def simulate(
 ) -> FleetResult:
     """Simulate one run of a fleet on ``workload``; deterministic for a given seed."""
     fleet_cfg = run.fleet
-    gpu = catalog.gpu(fleet_cfg.gpu)
-    model = catalog.model(fleet_cfg.model)
-    steps = StepTimeModel(gpu, model, fleet_cfg.tp)
-    cfg = engine_config(fleet_cfg, catalog)
-    price = fleet_cfg.price_per_hour if fleet_cfg.price_per_hour is not None else gpu.price_per_hour
-    price *= fleet_cfg.tp
+    groups = fleet_cfg.resolved_groups()
     loop = EventLoop()
     tbt = TbtHistogram()
     holder: list[Fleet] = []
+    after_finish: list[Callable[[Seq, float], None]] = []  # the autoscaler's, when there is one
 
     def on_finish(seq: Seq, now: float) -> None:
         holder[0].on_finish(seq, now)
+        if after_finish:
+            after_finish[0](seq, now)
 
-    engine_cls = StaticEngine if fleet_cfg.engine.kind == "static" else ContinuousEngine
-    engines: list[Engine] = [
-        engine_cls(
-            f"{gpu.name.lower()}-{i}",
-            cfg,
-            steps,
-            schedule=loop.schedule,
-            schedule_late=loop.schedule_late,
-            on_finish=on_finish,
-            record=InstanceRecord(f"{gpu.name.lower()}-{i}", gpu.name, model.name, price),
-            tbt=tbt,
-        )
-        for i in range(fleet_cfg.instances)
-    ]
+    engines: list[Engine] = []
+    timings: list[Timings] = []
+    block_size = 16
+    for group in groups:
+        gpu = catalog.gpu(group.gpu)
+        model = catalog.model(group.model)
+        steps = StepTimeModel(gpu, model, group.tp)
+        cfg = engine_config(group, catalog)
+        block_size = cfg.block_size
+        price = group_price(group, catalog)
+        engine_cls = StaticEngine if group.engine.kind == "static" else ContinuousEngine
+        # The single form keeps its historical ids (``h100-0``); groups are ``<name>-<i>``.
+        prefix = group.name if fleet_cfg.grouped else gpu.name.lower()
+        timing = group_timings(group, catalog)
+        for i in range(group.instances):
+            iid = f"{prefix}-{i}"
+            engines.append(
+                engine_cls(
+                    iid,
+                    cfg,
+                    steps,
+                    schedule=loop.schedule,
+                    schedule_late=loop.schedule_late,
+                    on_finish=on_finish,
+                    record=InstanceRecord(iid, gpu.name, model.name, price),
+                    tbt=tbt,
+                )
+            )
+            timings.append(timing)
+    if len({e.id for e in engines}) != len(engines):
+        raise ValueError("instance ids must be unique across groups")
     router = build_router(run.router, random.Random(run.seed))
     common: dict[str, Any] = {
         "loop": loop,
         "engines": engines,
         "router": router,
         "workload": workload,
-        "model": model.name,
-        "block_size": cfg.block_size,
+        "model": catalog.model(groups[0].model).name,
+        "block_size": block_size,
         "tbt": tbt,
         "sample_interval_s": run.sample_interval_s,
     }
@@ -109,7 +133,40 @@ def simulate(
     else:
         fleet = Fleet(**common)
     holder.append(fleet)
+
+    lifecycle: Lifecycle | None = None
+    shell: AutoscalingShell | None = None
+    if run.autoscaler is not None or any(g.state == "cold" for g in groups):
+        continuous = [e for e in engines if isinstance(e, ContinuousEngine)]
+        if len(continuous) != len(engines):
+            raise ValueError("autoscaling and cold instances need the continuous engine")
+        if run.autoscaler is None:
+            lifecycle = Lifecycle(loop, continuous, timings, initial_states(run, None), land_to_warm=False)
+        else:
+            scaler, spec = build_scaler_and_pool(run, catalog)
+            lifecycle = Lifecycle(loop, continuous, timings, initial_states(run, spec), land_to_warm=True)
+            shell = AutoscalingShell(
+                loop=loop,
+                engines=continuous,
+                records=fleet.records,
+                lifecycle=lifecycle,
+                scaler=scaler,
+                spec=spec,
+                settings=run.autoscaler,
+                ttft_slo_s=run.slo.ttft_s,
+                tbt_slo_s=run.slo.tbt_s,
+                active=lambda: fleet.has_work,
+            )
+            lifecycle.on_landed = shell.on_landed
+            after_finish.append(shell.on_finish)
+            shell.start()
+        # the views were built before the lifecycle set each instance's state
+        fleet.views = [e.view() for e in engines]
+
     result = fleet.run(until=run.duration_s, on_progress=progress)
+    if lifecycle is not None:
+        for i, e in enumerate(engines):
+            e.record.alive_s = lifecycle.held_s(i, result.duration_s)
     if isinstance(fleet, ResilientFleet):
         events = fleet.hooks.events if isinstance(fleet.hooks, CoreControls) else {}
         result.extra = {
@@ -118,6 +175,10 @@ def simulate(
             "resume_gap_p50_s": _median(fleet.resume_gaps),
             "resume_gap_max_s": max(fleet.resume_gaps) if fleet.resume_gaps else None,
         }
+    if shell is not None:
+        result.extra = {**result.extra, **shell.report_extra()}
+    if lifecycle is not None:
+        result.lifecycle = lifecycle
     return result
 
 
@@ -148,6 +209,32 @@ def run_scenario(
         wall = time.perf_counter() - started
         slo = Slo(ttft_s=run.slo.ttft_s, tbt_s=run.slo.tbt_s)
         bucket = max(1.0, result.duration_s / 100)
+        extra: dict[str, Any] = {
+            "router": run.router,
+            "instances": run.fleet.instances,
+            "gpu": run.fleet.gpu,
+            "model": run.fleet.model,
+            "engine": run.fleet.engine.kind,
+            "seed": run.seed,
+            "goodput_timeline": [list(p) for p in goodput_timeline(result.records, slo, bucket_s=bucket)],
+        }
+        if run.fleet.groups is not None:
+            groups = run.fleet.groups
+            extra["gpu"] = "+".join(dict.fromkeys(g.gpu for g in groups))
+            extra["model"] = "+".join(dict.fromkeys(g.model for g in groups))
+            extra["groups"] = [
+                {
+                    "name": g.name,
+                    "instances": g.instances,
+                    "gpu": g.gpu,
+                    "model": g.model,
+                    "tp": g.tp,
+                    "state": g.state,
+                    "price_per_hour": group_price(g, catalog),
+                    "cold_start_s": group_timings(g, catalog).cold_start_s,
+                }
+                for g in groups
+            ]
         report = build_run_report(
             result.records,
             result.instances,
@@ -155,16 +242,9 @@ def run_scenario(
             duration_s=result.duration_s,
             wall_seconds=wall,
             slo=slo,
-            extra={
-                "router": run.router,
-                "instances": run.fleet.instances,
-                "gpu": run.fleet.gpu,
-                "model": run.fleet.model,
-                "engine": run.fleet.engine.kind,
-                "seed": run.seed,
-                "goodput_timeline": [list(p) for p in goodput_timeline(result.records, slo, bucket_s=bucket)],
-                **result.extra,
-            },
+            extra={**extra, **result.extra},
         )
+        if run.autoscaler is not None:
+            report.update(autoscale_report(result, report, slo, bucket_s=bucket))
         outcomes[run.name] = RunOutcome(run, result, report)
     return outcomes

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.routing import build_router
@@ -50,7 +50,51 @@ class EngineSettings(BaseModel):
     static_batch_size: int = Field(32, gt=0)
 
 
+class LifecycleSettings(BaseModel):
+    """How long an instance takes to get ready (see :mod:`tokenplane.sim.lifecycle`).
+
+    A cold start takes ``cold_start_s`` when set, else ``start_s + weight bytes / (load_gb_per_s
+    x 1e9)``: a fixed part (container, engine start, CUDA graph capture) plus loading the model's
+    weights at the instance's load bandwidth. ``warm_activation_s`` is how long a loaded, idle
+    instance takes to join the router's candidate set.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    start_s: float = Field(60.0, ge=0)
+    load_gb_per_s: float = Field(2.0, gt=0)
+    cold_start_s: float | None = Field(None, ge=0)
+    warm_activation_s: float = Field(5.0, ge=0)
+
+
+class FleetGroup(BaseModel):
+    """One group of identical instances in a heterogeneous fleet; ids are ``<name>-<i>``.
+
+    ``state: cold`` instances start their cold start at t = 0 (they hold a GPU and are not routed
+    to until loaded); with an autoscaler they start stopped instead.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    instances: int = Field(gt=0)
+    gpu: str = "H100"
+    model: str = "llama-3-8b"
+    tp: int = Field(1, gt=0)
+    price_per_hour: float | None = Field(None, ge=0)
+    state: Literal["warm", "cold"] = "warm"
+    engine: EngineSettings = Field(default_factory=lambda: EngineSettings())
+    lifecycle: LifecycleSettings = Field(default_factory=lambda: LifecycleSettings())
+
+
 class FleetSettings(BaseModel):
+    """One group (``instances`` x ``gpu``, ids ``<gpu>-<i>``) or ``groups: [...]``.
+
+    With ``groups``, each group's ``gpu``, ``model``, ``tp``, ``price_per_hour``, ``engine`` and
+    ``lifecycle`` default to the fleet-level values (``engine`` and ``lifecycle`` merge key by key)
+    and ``instances`` is the total.
+    """
+
     model_config = ConfigDict(extra="forbid")
 
     instances: int = Field(4, gt=0)
@@ -58,7 +102,89 @@ class FleetSettings(BaseModel):
     model: str = "llama-3-8b"
     tp: int = Field(1, gt=0)
     price_per_hour: float | None = Field(None, ge=0)
+    state: Literal["warm", "cold"] = "warm"
     engine: EngineSettings = Field(default_factory=lambda: EngineSettings())
+    lifecycle: LifecycleSettings = Field(default_factory=lambda: LifecycleSettings())
+    groups: list[FleetGroup] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_groups(cls, raw: Any) -> Any:
+        if not isinstance(raw, Mapping) or raw.get("groups") is None:
+            return raw
+        groups = raw["groups"]
+        if not isinstance(groups, list) or not groups:
+            raise ValueError("groups must be a non-empty list")
+        out = dict(raw)
+        filled = []
+        for g in groups:
+            if not isinstance(g, Mapping):
+                filled.append(g)
+                continue
+            g2 = dict(g)
+            for key in ("gpu", "model", "tp", "price_per_hour"):
+                if key not in g2 and key in raw:
+                    g2[key] = raw[key]
+            for key in ("engine", "lifecycle"):
+                base = raw.get(key)
+                if isinstance(base, Mapping):
+                    own = g2.get(key)
+                    g2[key] = deep_merge(base, own) if isinstance(own, Mapping) else dict(base)
+            filled.append(g2)
+        out["groups"] = filled
+        if "instances" not in raw:
+            total = sum(int(g.get("instances", 0)) for g in filled if isinstance(g, Mapping))
+            out["instances"] = max(1, total)
+        return out
+
+    @model_validator(mode="after")
+    def _check_groups(self) -> FleetSettings:
+        if self.groups is None:
+            return self
+        names = [g.name for g in self.groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"group names must be unique, got {names}")
+        if len({g.engine.block_size for g in self.groups}) > 1:
+            raise ValueError("every group must use the same engine.block_size")
+        self.instances = sum(g.instances for g in self.groups)
+        return self
+
+    @property
+    def grouped(self) -> bool:
+        return self.groups is not None
+
+    def resolved_groups(self) -> list[FleetGroup]:
+        """The groups; the single form is one group (its ids stay ``<gpu>-<i>``, see the runner)."""
+        if self.groups is not None:
+            return list(self.groups)
+        return [
+            FleetGroup(
+                name=self.gpu.lower(),
+                instances=self.instances,
+                gpu=self.gpu,
+                model=self.model,
+                tp=self.tp,
+                price_per_hour=self.price_per_hour,
+                state=self.state,
+                engine=self.engine,
+                lifecycle=self.lifecycle,
+            )
+        ]
+
+
+class AutoscalerSettings(BaseModel):
+    """``autoscaler: {name, params, pool, ...}``: see :mod:`tokenplane.sim.autoscaling`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    pool: dict[str, Any] = Field(default_factory=dict)
+    decision_interval_s: float = Field(15.0, gt=0)
+    initial_serving: int | None = Field(None, ge=0)
+    arrival_bucket_s: float = Field(15.0, gt=0)
+    history_buckets: int = Field(120, gt=1)
+    slo_window_s: float = Field(60.0, gt=0)
 
 
 class SloSettings(BaseModel):
@@ -84,6 +210,7 @@ class RunSettings(BaseModel):
     clients: ClientSpec | None = None
     controls: ControlSpec | None = None
     faults: list[FaultSpec] = Field(default_factory=list)
+    autoscaler: AutoscalerSettings | None = None
 
     @property
     def resilient(self) -> bool:
@@ -107,6 +234,7 @@ class _ScenarioFile(BaseModel):
     clients: dict[str, Any] | None = None
     controls: dict[str, Any] | None = None
     faults: list[dict[str, Any]] = Field(default_factory=list)
+    autoscaler: dict[str, Any] | None = None
     runs: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -133,6 +261,7 @@ _RUN_KEYS = {
     "clients",
     "controls",
     "faults",
+    "autoscaler",
 }
 
 
@@ -173,6 +302,7 @@ def parse_scenario(raw: Any, *, source: str | None = None) -> Scenario:
         "clients": base.clients,
         "controls": base.controls,
         "faults": base.faults,
+        "autoscaler": base.autoscaler,
     }
     runs_raw = base.runs or [{"name": router_label(base.router)}]
     runs: list[RunSettings] = []
@@ -200,7 +330,8 @@ def parse_scenario(raw: Any, *, source: str | None = None) -> Scenario:
         try:
             build_router(merged["router"], random.Random(0))
             check_workload_config(merged["workload"])
-        except (InvalidPolicyConfig, WorkloadConfigError) as exc:
+            _check_lifecycle(runs[-1], base.catalog)
+        except (InvalidPolicyConfig, WorkloadConfigError, ValueError) as exc:
             raise ScenarioError(f"{label}: {exc}") from exc
     return Scenario(
         name=base.name,
@@ -210,6 +341,23 @@ def parse_scenario(raw: Any, *, source: str | None = None) -> Scenario:
         runs=runs,
         source=source,
     )
+
+
+def _check_lifecycle(run: RunSettings, catalog: Mapping[str, Any]) -> None:
+    """Build the autoscaler and its pool spec once (fails at load), and check engine kinds."""
+    cold = any(g.state == "cold" for g in run.fleet.resolved_groups())
+    if run.autoscaler is None and not cold:
+        return
+    if any(g.engine.kind != "continuous" for g in run.fleet.resolved_groups()):
+        raise ValueError("autoscaling and cold instances need the continuous engine")
+    if run.autoscaler is not None:
+        from tokenplane.sim.autoscaling import build_scaler_and_pool
+        from tokenplane.sim.catalog import Catalog
+
+        cat = Catalog.default()
+        if catalog:
+            cat = cat.with_overrides(catalog)
+        build_scaler_and_pool(run, cat)
 
 
 def load_scenario(path: str | Path) -> Scenario:

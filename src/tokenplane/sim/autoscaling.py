@@ -1,0 +1,422 @@
+"""The twin's autoscaling shell: measure the pool, ask the core's autoscaler, carry out its actions.
+
+Scenario key (validated at load through the core's :func:`build_autoscaler` and
+:func:`parse_pool_spec`)::
+
+    autoscaler:
+      name: tokenplane            # or hpa, static
+      params: {...}               # the scaler's own params
+      pool: {capacity_rps: 2.0, min_instances: 2, warm_pool_size: 1, ...}   # PoolSpec fields
+      decision_interval_s: 15     # how often the loop runs (and after every landed cold start)
+      initial_serving: null       # serving at t = 0; default: static's instances, else max(1, min)
+      arrival_bucket_s: 15        # width of the arrival-rate buckets handed to the forecast
+      history_buckets: 120        # how many complete buckets the signal carries
+      slo_window_s: 60            # window of the TTFT/TBT attainment signals
+
+Pool defaults come from the fleet: ``max_instances`` = the fleet's configured instances (the
+maximum pool), ``cold_start_s``/``warm_activation_s`` = the slowest group's (what the scaler
+plans with; the twin applies each instance's own), ``cost_per_instance_hour`` = the mean price,
+``ttft_slo_s`` = the scenario's TTFT SLO. The pool's ``capacity_rps`` (one instance's sustainable
+req/s for this traffic) is required: it is the prior the tokenplane scaler refines online.
+
+Initial state: the first ``initial_serving`` instances of warm groups serve, the next
+``warm_pool_size`` sit in the warm pool, the rest (and every ``state: cold`` group) are stopped.
+
+Signal, per decision at ``now``:
+
+* ``serving`` = views of serving and activating instances (activating with ``ready=False``),
+  ``warm``/``warming``/``draining`` = ids by lifecycle state; ``queued`` = 0 (the twin has no
+  gateway queue: a request with no ready instance fails with ``no_instance``);
+* ``arrivals`` = per-bucket arrival rates of the last ``history_buckets`` complete buckets, counted
+  from the request records (appended in arrival order, so no per-request cost is added);
+* ``ttft_attainment`` / ``ttft_p90_s``: over the requests that arrived in
+  ``[now - slo_window_s - ttft_slo, now - ttft_slo]``, whose TTFT outcome is already decided at
+  ``now`` (a request still without a first token counts as a miss, its TTFT as at least its wait).
+  This reacts one SLO after arrival rather than after the (long, for reasoning outputs) completion;
+* ``tbt_attainment`` / ``tbt_p90_s``: TPOT of requests that finished within ``slo_window_s``;
+* ``throughput_rps`` / ``throughput_tps``: completions (and their output tokens) since the previous
+  decision, per second;
+* ``utilisation``: mean GPU busy fraction of the ready serving instances since the previous
+  decision (what the HPA baseline scales on).
+
+Actions: ``ACTIVATE_WARM`` takes the lowest-numbered warm instances, ``START_COLD`` the
+lowest-numbered stopped ones, ``STOP_WARM`` the highest-numbered warm ones, ``DRAIN`` and
+``DRAIN_TO_WARM`` the ids named. One pool: a heterogeneous fleet is scaled as one pool (its
+capacity prior is per instance, whatever the GPU).
+
+Recorded: ``fleet_timeline`` ``[t_s, serving, warming]`` (serving = ready serving instances;
+warming = cold starts plus activations in progress), ``warm_timeline`` ``[t_s, warm_idle,
+draining]``, ``scale_decisions`` (decisions by reason), ``scale_actions`` (instances per action
+kind) and ``scale_log`` (every decision that acted: ``[t_s, reason, target_serving, note]``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tokenplane.core.autoscale import (
+    ActionKind,
+    Autoscaler,
+    PoolSignal,
+    PoolSpec,
+    ScaleDecision,
+    build_autoscaler,
+    parse_pool_spec,
+)
+from tokenplane.core.views import InstanceView
+from tokenplane.sim.catalog import Catalog
+from tokenplane.sim.engine import ContinuousEngine, Seq
+from tokenplane.sim.kernel import EventLoop
+from tokenplane.sim.lifecycle import (
+    ACTIVATING,
+    DRAINING,
+    SERVING,
+    STOPPED,
+    WARM,
+    WARMING,
+    Lifecycle,
+    Timings,
+    cold_start_seconds,
+)
+from tokenplane.sim.records import RequestRecord
+from tokenplane.sim.report import Slo
+from tokenplane.sim.scenario import AutoscalerSettings, FleetGroup, RunSettings
+
+
+def group_timings(group: FleetGroup, catalog: Catalog) -> Timings:
+    lc = group.lifecycle
+    cold = lc.cold_start_s
+    if cold is None:
+        cold = cold_start_seconds(
+            catalog.model(group.model).weight_bytes, start_s=lc.start_s, load_gb_per_s=lc.load_gb_per_s
+        )
+    return Timings(cold_start_s=cold, warm_activation_s=lc.warm_activation_s)
+
+
+def group_price(group: FleetGroup, catalog: Catalog) -> float:
+    price = (
+        group.price_per_hour if group.price_per_hour is not None else catalog.gpu(group.gpu).price_per_hour
+    )
+    return price * group.tp
+
+
+def build_scaler_and_pool(run: RunSettings, catalog: Catalog) -> tuple[Autoscaler, PoolSpec]:
+    """The run's autoscaler and pool spec, pool defaults filled from the fleet (see module doc)."""
+    cfg = run.autoscaler
+    if cfg is None:
+        raise ValueError("the run has no autoscaler")
+    groups = run.fleet.resolved_groups()
+    timings = [group_timings(g, catalog) for g in groups]
+    total = sum(g.instances for g in groups)
+    price = sum(group_price(g, catalog) * g.instances for g in groups) / max(1, total)
+    raw: dict[str, Any] = {
+        "max_instances": total,
+        "cold_start_s": max(t.cold_start_s for t in timings),
+        "warm_activation_s": max(t.warm_activation_s for t in timings),
+        "cost_per_instance_hour": price,
+        "ttft_slo_s": run.slo.ttft_s,
+        **cfg.pool,
+    }
+    spec = parse_pool_spec(raw, owner="autoscaler.pool")
+    if spec.max_instances > total:
+        raise ValueError(
+            f"autoscaler.pool: max_instances {spec.max_instances} > the fleet's {total} instances"
+        )
+    scaler = build_autoscaler({"name": cfg.name, "params": cfg.params})
+    return scaler, spec
+
+
+def initial_states(run: RunSettings, spec: PoolSpec | None) -> list[str]:
+    """Lifecycle state of each instance at t = 0 (fleet order)."""
+    groups = run.fleet.resolved_groups()
+    cfg = run.autoscaler
+    if cfg is None or spec is None:
+        return [WARMING if g.state == "cold" else SERVING for g in groups for _ in range(g.instances)]
+    serving = cfg.initial_serving
+    if serving is None:
+        static = cfg.params.get("instances") if cfg.name == "static" else None
+        serving = int(static) if static is not None else max(1, spec.min_instances)
+    serving = min(serving, spec.max_instances)
+    warm = min(spec.warm_pool_size, spec.max_instances - serving)
+    states: list[str] = []
+    for g in groups:
+        for _ in range(g.instances):
+            if g.state == "cold":
+                states.append(STOPPED)
+            elif serving > 0:
+                states.append(SERVING)
+                serving -= 1
+            elif warm > 0:
+                states.append(WARM)
+                warm -= 1
+            else:
+                states.append(STOPPED)
+    return states
+
+
+class AutoscalingShell:
+    """Runs the observe / decide / act / commit loop of one autoscaler over the twin's fleet."""
+
+    def __init__(
+        self,
+        *,
+        loop: EventLoop,
+        engines: Sequence[ContinuousEngine],
+        records: list[RequestRecord],
+        lifecycle: Lifecycle,
+        scaler: Autoscaler,
+        spec: PoolSpec,
+        settings: AutoscalerSettings,
+        ttft_slo_s: float,
+        tbt_slo_s: float,
+        active: Any,
+    ) -> None:
+        self.loop = loop
+        self.engines = list(engines)
+        self.records = records
+        self.lc = lifecycle
+        self.scaler = scaler
+        self.spec = spec
+        self.cfg = settings
+        self.ttft_slo = ttft_slo_s
+        self.tbt_slo = tbt_slo_s
+        self._active = active  # () -> bool: work is left (arrivals to come or requests in flight)
+        self._bucket_counts: dict[int, int] = {}
+        self._arr_idx = 0
+        self._finishes: deque[tuple[float, float | None, int]] = deque()  # (t, tpot, output tokens)
+        self._last_t = 0.0
+        self._last_busy = [0.0] * len(self.engines)
+        self._done_since_last = 0
+        self._tokens_since_last = 0
+        self.fleet_timeline: list[list[float]] = []
+        self.warm_timeline: list[list[float]] = []
+        self.decisions: dict[str, int] = {}
+        self.actions: dict[str, int] = {}
+        self.log: list[list[Any]] = []
+
+    # -- wiring --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._record(0.0)
+        self.loop.schedule(self.cfg.decision_interval_s, self._tick)
+
+    def on_finish(self, seq: Seq, now: float) -> None:
+        rec = seq.record
+        out = seq.spec.output_tokens
+        tpot = None
+        if rec.first_token_s is not None and out >= 2:
+            tpot = (now - rec.first_token_s) / (out - 1)
+        self._finishes.append((now, tpot, out))
+        self._done_since_last += 1
+        self._tokens_since_last += out
+        if self.lc.draining:
+            i = self.lc.index.get(rec.instance_id or "")
+            if i is not None:
+                self.lc.check_drained(i, now)
+
+    def on_landed(self, now: float) -> None:
+        self.decide(now)
+
+    def _tick(self, now: float, _: object) -> None:
+        self.decide(now)
+        if self._active():
+            self.loop.schedule(now + self.cfg.decision_interval_s, self._tick)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def decide(self, now: float) -> ScaleDecision:
+        self.lc.check_all_drained(now)  # aborts can empty a draining instance without a finish
+        signal = self.signal(now)
+        self.scaler.observe(signal, self.spec)
+        decision = self.scaler.decide(signal, self.spec, now=now)
+        acted = self._apply(decision, now)
+        self.scaler.commit(decision, now=now)
+        reason = decision.reason.value
+        self.decisions[reason] = self.decisions.get(reason, 0) + 1
+        if acted:
+            self.log.append([round(now, 3), reason, decision.target_serving, decision.note])
+        self._record(now)
+        return decision
+
+    def _apply(self, decision: ScaleDecision, now: float) -> bool:
+        lc = self.lc
+        acted = False
+        for action in decision.actions:
+            kind = action.kind
+            if kind is ActionKind.NOOP:
+                continue
+            if kind is ActionKind.ACTIVATE_WARM:
+                chosen = lc.ids_in(WARM)[: action.count]
+                for i in chosen:
+                    lc.activate(i, now)
+            elif kind is ActionKind.START_COLD:
+                chosen = lc.ids_in(STOPPED)[: action.count]
+                for i in chosen:
+                    lc.start_cold(i, now)
+            elif kind is ActionKind.STOP_WARM:
+                chosen = lc.ids_in(WARM)[::-1][: action.count]
+                for i in chosen:
+                    lc.stop_warm(i, now)
+            else:  # DRAIN / DRAIN_TO_WARM
+                park = kind is ActionKind.DRAIN_TO_WARM
+                chosen = [lc.index[iid] for iid in action.instance_ids if iid in lc.index]
+                for i in chosen:
+                    if lc.state[i] in (SERVING, ACTIVATING):
+                        lc.drain(i, now, park=park)
+            if chosen:
+                acted = True
+                self.actions[kind.value] = self.actions.get(kind.value, 0) + len(chosen)
+        return acted
+
+    def _record(self, now: float) -> None:
+        lc = self.lc
+        self.fleet_timeline.append([now, lc.count(SERVING), lc.count(WARMING) + lc.count(ACTIVATING)])
+        self.warm_timeline.append([now, lc.count(WARM), lc.count(DRAINING)])
+
+    # -- measuring -----------------------------------------------------------------------------
+    def _arrivals(self, now: float) -> tuple[tuple[float, float], ...]:
+        width = self.cfg.arrival_bucket_s
+        counts = self._bucket_counts
+        records = self.records
+        i = self._arr_idx
+        n = len(records)
+        while i < n and records[i].arrival_s < now:
+            k = int(records[i].arrival_s // width)
+            counts[k] = counts.get(k, 0) + 1
+            i += 1
+        self._arr_idx = i
+        current = int(now // width)  # the bucket in progress is not complete
+        first = max(0, current - self.cfg.history_buckets)
+        for k in [k for k in counts if k < first]:
+            del counts[k]
+        return tuple((k * width, counts.get(k, 0) / width) for k in range(first, current))
+
+    def _ttft(self, now: float) -> tuple[float | None, float | None]:
+        slo = self.ttft_slo
+        hi_t = now - slo
+        lo_t = hi_t - self.cfg.slo_window_s
+        if hi_t <= 0:
+            return None, None
+        records = self.records
+        lo = bisect.bisect_left(records, lo_t, key=lambda r: r.arrival_s)
+        hi = bisect.bisect_right(records, hi_t, key=lambda r: r.arrival_s)
+        if hi <= lo:
+            return None, None
+        met = 0
+        ttfts: list[float] = []
+        for r in records[lo:hi]:
+            if r.first_token_s is not None:
+                t = r.first_token_s - r.arrival_s
+                if t <= slo:
+                    met += 1
+            else:
+                t = now - r.arrival_s  # still waiting (or failed): at least this long
+            ttfts.append(t)
+        ttfts.sort()
+        return met / len(ttfts), ttfts[min(len(ttfts) - 1, math.ceil(0.9 * len(ttfts)) - 1)]
+
+    def _tbt(self, now: float) -> tuple[float | None, float | None]:
+        fin = self._finishes
+        horizon = now - self.cfg.slo_window_s
+        while fin and fin[0][0] < horizon:
+            fin.popleft()
+        tpots = sorted(t for _, t, _ in fin if t is not None)
+        if not tpots:
+            return None, None
+        met = sum(1 for t in tpots if t <= self.tbt_slo)
+        return met / len(tpots), tpots[min(len(tpots) - 1, math.ceil(0.9 * len(tpots)) - 1)]
+
+    def signal(self, now: float) -> PoolSignal:
+        lc = self.lc
+        serving: list[InstanceView] = []
+        busy = 0.0
+        ready = 0
+        span = now - self._last_t
+        for i, e in enumerate(self.engines):
+            state = lc.state[i]
+            b = e.busy_seconds(now)
+            if state in (SERVING, ACTIVATING):
+                serving.append(e.view())
+                if state == SERVING and span > 0:
+                    busy += min(1.0, max(0.0, (b - self._last_busy[i]) / span))
+                    ready += 1
+            self._last_busy[i] = b
+        ttft_att, ttft_p90 = self._ttft(now)
+        tbt_att, tbt_p90 = self._tbt(now)
+        rps = tps = None
+        if span > 0:
+            rps = self._done_since_last / span
+            tps = self._tokens_since_last / span
+        self._done_since_last = 0
+        self._tokens_since_last = 0
+        self._last_t = now
+        ids = [e.id for e in self.engines]
+        return PoolSignal(
+            now=now,
+            serving=tuple(serving),
+            warm=tuple(ids[i] for i in lc.ids_in(WARM)),
+            warming=tuple(ids[i] for i in lc.ids_in(WARMING)),
+            draining=tuple(ids[i] for i in lc.ids_in(DRAINING)),
+            queued=0,
+            arrivals=self._arrivals(now),
+            throughput_rps=rps,
+            throughput_tps=tps,
+            ttft_attainment=ttft_att,
+            tbt_attainment=tbt_att,
+            ttft_p90_s=ttft_p90,
+            tbt_p90_s=tbt_p90,
+            utilisation=busy / ready if ready else None,
+        )
+
+    # -- report --------------------------------------------------------------------------------
+    def report_extra(self) -> dict[str, Any]:
+        return {
+            "autoscaler": self.cfg.name,
+            "fleet_timeline": self.fleet_timeline,
+            "warm_timeline": self.warm_timeline,
+            "scale_decisions": dict(sorted(self.decisions.items())),
+            "scale_actions": dict(sorted(self.actions.items())),
+            "scale_log": self.log,
+            "pool": {
+                "max_instances": self.spec.max_instances,
+                "min_instances": self.spec.min_instances,
+                "warm_pool_size": self.spec.warm_pool_size,
+                "capacity_rps": self.spec.capacity_rps,
+                "cold_start_s": self.spec.cold_start_s,
+                "warm_activation_s": self.spec.warm_activation_s,
+            },
+        }
+
+
+def autoscale_report(result: Any, report: Mapping[str, Any], slo: Slo, *, bucket_s: float) -> dict[str, Any]:
+    """Report keys of an autoscaled run beside the usual ones.
+
+    ``ttft_slo_attainment``: requests (all of them, failed ones included in the denominator) that
+    completed with TTFT within the SLO, whatever their TPOT (``slo_attainment`` asks both).
+    ``cost_usd`` is ``gpu_cost_usd`` (GPU-hours held, at each instance's price).
+    ``demand_timeline`` ``[t_s, arrivals per s]`` and ``slo_timeline`` ``[t_s, TTFT attainment]``
+    per arrival bucket (``None`` where nothing arrived), for the fleet timeline plot.
+    """
+    records: Sequence[RequestRecord] = result.records
+    total = len(records)
+    met = 0
+    arrivals: dict[int, int] = {}
+    within: dict[int, int] = {}
+    for r in records:
+        k = int(r.arrival_s // bucket_s)
+        arrivals[k] = arrivals.get(k, 0) + 1
+        if r.ok and r.first_token_s is not None and r.first_token_s - r.arrival_s <= slo.ttft_s:
+            met += 1
+            within[k] = within.get(k, 0) + 1
+    last = max(arrivals) if arrivals else -1
+    return {
+        "ttft_slo_attainment": met / total if total else None,
+        "cost_usd": report.get("gpu_cost_usd"),
+        "demand_timeline": [[k * bucket_s, arrivals.get(k, 0) / bucket_s] for k in range(last + 1)],
+        "slo_timeline": [
+            [k * bucket_s, within.get(k, 0) / arrivals[k] if arrivals.get(k) else None]
+            for k in range(last + 1)
+        ],
+    }
