@@ -217,7 +217,9 @@ def gateway_config(
     extra_model: bool = False,
     health: dict[str, Any] | None = None,
     scrape: dict[str, Any] | None = None,
+    **sections: Any,
 ) -> dict[str, Any]:
+    """A gateway config over ``upstreams``; ``sections`` (retry, breaker, admission...) go in as given."""
     models: list[dict[str, Any]] = [
         {"name": MODEL, "aliases": [ALIAS, "llama3"], "router": router, "upstream_model": UPSTREAM_MODEL}
     ]
@@ -248,6 +250,7 @@ def gateway_config(
         ],
         "scrape": {"interval_s": 0.05, **(scrape or {})},
         "health": {"interval_s": 0.05, "failures_to_down": 2, **(health or {})},
+        **sections,
     }
 
 
@@ -343,3 +346,98 @@ async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 
 @pytest.fixture
 def wait() -> Callable[..., Awaitable[None]]:
     return wait_for
+
+
+# --- Emulated instances (tokenplane.emulator, in-process) for the resilience tests ------------------
+
+
+@dataclass
+class EmulatedUpstream:
+    """One in-process emulator: ``name`` is its instance id in the gateway config."""
+
+    name: str
+    url: str
+    runner: Any
+    http: aiohttp.ClientSession
+    settings: Any
+
+    async def faults(self, **body: Any) -> dict[str, Any]:
+        async with self.http.post(self.url + "/admin/faults", json=body) as r:
+            assert r.status == 200, await r.text()
+            data: dict[str, Any] = await r.json()
+            return data
+
+    async def success_total(self) -> float:
+        """``vllm:request_success_total`` over every finish reason (abort included)."""
+        async with self.http.get(self.url + "/metrics") as r:
+            text = await r.text()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("vllm:request_success_total{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def emulated_config(emus: list[EmulatedUpstream], *, router: Any = "round-robin", **sections: Any) -> dict:
+    tenants = sections.pop("tenants", None) or [
+        {"name": "acme", "priority": "interactive", "api_keys": [hash_key(KEY)]},
+        {"name": "batchco", "priority": "batch", "api_keys": [hash_key(BATCH_KEY)]},
+    ]
+    return {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "tenants": tenants,
+        "models": [{"name": MODEL, "router": router}],
+        "instances": [
+            {"id": e.name, "url": e.url, "model": MODEL, "kind": "emulated", **sections.pop("instance", {})}
+            for e in emus
+        ],
+        "scrape": {"interval_s": 0.05},
+        "health": {"interval_s": 0.05, "failures_to_down": 1000},
+        **sections,
+    }
+
+
+@pytest.fixture
+async def emulators(anyio_backend: str) -> AsyncIterator[Callable[..., Awaitable[list[EmulatedUpstream]]]]:
+    from tokenplane.emulator import EmulatorSettings, start_emulator
+
+    started: list[EmulatedUpstream] = []
+    http = aiohttp.ClientSession()
+
+    async def make(n: int, **settings: Any) -> list[EmulatedUpstream]:
+        settings.setdefault("speed", 50.0)
+        settings.setdefault("fixed_step_s", 0.02)
+        out = []
+        for _ in range(n):
+            s = EmulatorSettings(**settings, instance_id=f"emu-{len(started)}")
+            runner, url = await start_emulator(s)
+            e = EmulatedUpstream(f"emu-{len(started)}", url, runner, http, s)
+            started.append(e)
+            out.append(e)
+        return out
+
+    yield make
+    for e in started:
+        await e.runner.cleanup()
+    await http.close()
+
+
+@pytest.fixture
+async def emu_gateway(anyio_backend: str) -> AsyncIterator[Callable[..., Awaitable[RunningGateway]]]:
+    running: list[RunningGateway] = []
+
+    async def make(emus: list[EmulatedUpstream], **kwargs: Any) -> RunningGateway:
+        config = parse_config(emulated_config(emus, **kwargs))
+        server = TestServer(create_app(config), host="127.0.0.1", port=0)
+        await server.start_server()
+        gw = RunningGateway(server, aiohttp.ClientSession())
+        running.append(gw)
+        return gw
+
+    yield make
+    for gw in running:
+        for client in gw.clients:
+            await client.close()
+        await gw.http.close()
+        with contextlib.suppress(Exception):
+            await gw.server.close()

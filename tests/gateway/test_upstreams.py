@@ -105,7 +105,8 @@ async def test_health_check_takes_instance_out_and_back(upstreams, gateway, wait
 @pytest.mark.anyio
 async def test_failed_requests_take_instance_out(upstreams, gateway, names) -> None:
     ups = await upstreams(2)
-    gw = await gateway(ups, router="round-robin", health={"interval_s": 60})
+    # No retries: each failure reaches the client (retries are tested in test_resilience_*.py).
+    gw = await gateway(ups, router="round-robin", health={"interval_s": 60}, retry={"max_attempts": 1})
     ups[0].mode = "fail"
     statuses = [
         (await gw.post("/v1/completions", {"model": names.MODEL, "prompt": "x"}))[0] for _ in range(8)

@@ -22,6 +22,8 @@ responses in :meth:`Gateway.completions` only, through :func:`~tokenplane.gatewa
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -34,9 +36,16 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from tokenplane.core.views import RequestInfo, RouteDecision
+from tokenplane.core.admission import AdmissionQueue
+from tokenplane.core.breaker import BreakerState
+from tokenplane.core.outcomes import AttemptOutcome, AttemptResult
+from tokenplane.core.retry_budget import AttemptKind
+from tokenplane.core.shedding import LoadShedder
+from tokenplane.core.views import InstanceId, RequestInfo, RouteDecision
+from tokenplane.gateway.admission import PRIORITY_HEADER, AdmissionMetrics, PoolAdmission, priority_for
 from tokenplane.gateway.catalog import ModelCatalog, ServedModel
 from tokenplane.gateway.config import GatewayConfig, LimitsConfig
+from tokenplane.gateway.continuation import StreamSplicer, can_continue, continuation_body
 from tokenplane.gateway.errors import (
     BodyTooLarge,
     GatewayError,
@@ -44,27 +53,28 @@ from tokenplane.gateway.errors import (
     NoHealthyInstance,
     RouteNotFound,
     UpstreamError,
+    UpstreamTimeout,
     error_response,
 )
 from tokenplane.gateway.hashing import BlockHasher
 from tokenplane.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from tokenplane.gateway.proxy import (
     OUTCOME_CLIENT_GONE,
-    OUTCOME_OK,
     OUTCOME_UPSTREAM_REJECTED,
     Exchange,
     open_upstream,
     rejection,
     relay_json,
-    relay_stream,
 )
 from tokenplane.gateway.request import ASSUMED_OUTPUT_TOKENS, Endpoint, ParsedRequest, parse_request
+from tokenplane.gateway.resilience import Resilience
 from tokenplane.gateway.tenants import Authenticator, Tenant
 from tokenplane.gateway.upstreams import Upstream, UpstreamPool
 
 log = logging.getLogger(__name__)
 
 NO_INSTANCE_RETRY_AFTER_S = 1.0
+HOUSEKEEPING_INTERVAL_S = 0.1
 POOL_LIMIT_PER_HOST = 0  # unbounded: the instance's own queue is the bound, not the socket count
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("tokenplane_gateway")
@@ -81,6 +91,20 @@ class Gateway:
         self.catalog = ModelCatalog(config.models, rng or random.Random())
         self.pool = UpstreamPool(config.instances, config.scrape, config.health, on_down=self._forget)
         self.metrics = GatewayMetrics(self.pool.all)
+        self.resilience = Resilience(
+            config.retry, config.breaker, self.metrics.registry, lambda: (u.id for u in self.pool)
+        )
+        self.admission: dict[str, PoolAdmission] = {}
+        adm_metrics = AdmissionMetrics(self.metrics.registry, lambda: self.admission)
+        for m in self.catalog.models:
+            self.admission[m.name] = PoolAdmission(
+                m.name,
+                AdmissionQueue.from_params(config.admission.queue, pool=m.name),
+                LoadShedder.from_params(config.admission.shedding),
+                self._capacity_of(m.name),
+                adm_metrics,
+            )
+        self._housekeeping: asyncio.Task[None] | None = None
         self.hasher = BlockHasher()
         self.session: aiohttp.ClientSession | None = None
         self._ids = itertools.count(1)
@@ -105,12 +129,42 @@ class Gateway:
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         await self.pool.start(self.session)
+        self._housekeeping = asyncio.create_task(self._housekeep())
 
     async def stop(self) -> None:
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping
+            self._housekeeping = None
         await self.pool.stop()
         if self.session is not None:
             await self.session.close()
             self.session = None
+
+    async def _housekeep(self) -> None:
+        """Materialise breaker cooldowns and dispatch queued requests capacity has come back for."""
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
+            try:
+                self.resilience.tick(time.monotonic())
+                for pool in self.admission.values():
+                    pool.pump()
+            except Exception:  # the loop must outlive one bad round
+                log.exception("housekeeping failed")
+
+    def _capacity_of(self, model: str) -> Callable[[], int]:
+        board = self.resilience.board
+
+        def capacity() -> int:
+            now = time.monotonic()
+            return sum(
+                u.config.max_concurrency
+                for u in self.pool.for_model(model)
+                if u.healthy and board.allow(u.id, now=now)
+            )
+
+        return capacity
 
     def _forget(self, upstream: Upstream) -> None:
         # An instance that went down may come back restarted with an empty cache.
@@ -148,55 +202,204 @@ class Gateway:
             arrival_s=now,
         )
 
-    def route(self, info: RequestInfo, model: ServedModel, now: float) -> tuple[Upstream, RouteDecision]:
-        upstreams = self.pool.for_model(model.name)
-        decision = model.router.select(info, [u.view() for u in upstreams], now=now)
-        iid = decision.instance_id
+    def route(
+        self,
+        info: RequestInfo,
+        model: ServedModel,
+        now: float,
+        exclude: frozenset[InstanceId] = frozenset(),
+    ) -> tuple[Upstream, RouteDecision]:
+        views = self.resilience.candidates([u.view() for u in self.pool.for_model(model.name)], exclude, now)
+        decision = model.router.select(info, views, now=now) if views else None
+        iid = decision.instance_id if decision is not None else None
         upstream = self.pool.get(iid) if iid is not None else None
-        if upstream is None:
+        if upstream is None or decision is None:
             raise NoHealthyInstance(
                 f"no healthy instance serves {model.name!r} right now",
-                retry_after_s=NO_INSTANCE_RETRY_AFTER_S,
+                retry_after_s=self._retry_after(model.name, now),
             )
         return upstream, decision
+
+    def _retry_after(self, model: str, now: float) -> float:
+        board = self.resilience.board
+        if any(board.state(u.id, now=now) is BreakerState.OPEN for u in self.pool.for_model(model)):
+            return max(NO_INSTANCE_RETRY_AFTER_S, board.config.cooldown_s)
+        return NO_INSTANCE_RETRY_AFTER_S
+
+    async def _open(self, upstream: Upstream, url: Any, body: bytes, timeout_s: float | None) -> Any:
+        assert self.session is not None, "the gateway is not started"
+        if timeout_s is None:
+            return await open_upstream(self.session, upstream, url, body)
+        try:
+            async with asyncio.timeout(max(0.0, timeout_s)):
+                return await open_upstream(self.session, upstream, url, body)
+        except TimeoutError:
+            raise UpstreamTimeout(f"instance {upstream.id} sent no response headers in time") from None
+
+    async def attempt(
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        body: bytes,
+        model: ServedModel,
+        upstream: Upstream,
+        ex: Exchange,
+        splicer: StreamSplicer | None,
+        first_byte_s: float | None,
+    ) -> tuple[AttemptOutcome, web.StreamResponse | None, GatewayError | None]:
+        """One attempt on one instance: (its outcome, the client response if it produced one, its error).
+
+        The breaker hears of every attempt that started, whatever happened (a probe slot is never
+        leaked); the instance's accounting and the router's in-flight view are released in ``finally``.
+        """
+        info = ex.info
+        assert info is not None
+        started = time.monotonic()
+        tokens = info.prompt_tokens + info.max_output_tokens
+        model.router.on_routed(info, upstream.id, now=started)
+        upstream.begin(tokens)
+        ex.upstream = upstream
+        self.resilience.on_attempt(upstream.id, started)
+        result = AttemptResult.FAILED_BEFORE_FIRST_BYTE
+        delivered = 0
+        latency: float | None = None
+        resp = None
+        clean = False
+        try:
+            url = upstream.chat_url if parsed.endpoint == "chat" else upstream.completions_url
+            try:
+                resp = await self._open(upstream, url, body, first_byte_s)
+                if resp.status != 200:
+                    out = await rejection(resp, upstream)  # raises for 5xx and non-OpenAI 4xx
+                    ex.outcome = OUTCOME_UPSTREAM_REJECTED
+                    result = AttemptResult.OK  # the instance works; the request was refused
+                    return self._outcome(result, upstream, 0, None), out, None
+                if splicer is None:
+                    out = await relay_json(resp, ex, upstream)
+                    clean = True
+                    result = AttemptResult.OK
+                    upstream.record_success()
+                    return self._outcome(result, upstream, 0, time.monotonic() - started), out, None
+            except UpstreamError as exc:
+                result = AttemptResult.TIMEOUT if isinstance(exc, UpstreamTimeout) else result
+                self.pool.record_failure(upstream, exc.message)
+                return self._outcome(result, upstream, 0, None), None, exc
+            except GatewayError:  # an instance's 4xx that is not an OpenAI error: the caller's fault
+                result = AttemptResult.OK
+                raise
+            except BaseException:  # cancelled: the client left; an answering instance is not at fault
+                if resp is not None and resp.status == 200:
+                    result = AttemptResult.OK
+                raise
+            end = await splicer.relay(resp, ex, upstream)
+            delivered = end.tokens
+            latency = end.latency_s
+            if end.failure is not None:
+                result = AttemptResult.FAILED_MID_STREAM
+                self.pool.record_failure(upstream, end.failure.message)
+                return self._outcome(result, upstream, delivered, latency), splicer.out, end.failure
+            result = AttemptResult.OK
+            if not end.client_gone:
+                clean = True
+                upstream.record_success()
+            return self._outcome(result, upstream, delivered, latency), splicer.out, None
+        finally:
+            self.resilience.on_outcome(
+                AttemptOutcome(result, upstream.id, delivered, time.monotonic(), latency)
+            )
+            if resp is not None:
+                if clean:
+                    resp.release()
+                else:
+                    resp.close()  # closes the connection: the instance sees the client go and aborts
+            upstream.end(tokens)
+            model.router.on_finished(info, upstream.id, now=time.monotonic())
+
+    @staticmethod
+    def _outcome(
+        result: AttemptResult, upstream: Upstream, delivered: int, latency: float | None
+    ) -> AttemptOutcome:
+        return AttemptOutcome(result, upstream.id, delivered, time.monotonic(), latency)
 
     async def forward(
         self,
         request: web.Request,
         parsed: ParsedRequest,
         model: ServedModel,
-        upstream: Upstream,
+        tenant: Tenant,
         ex: Exchange,
+        deadline_s: float,
     ) -> web.StreamResponse:
-        assert self.session is not None, "the gateway is not started"
+        """Drive the core retry plan: attempts on instances the breakers allow, spliced into one answer."""
+        info = ex.info
+        assert info is not None
         body = parsed.body
         body["model"] = model.served_name
-        url = upstream.chat_url if parsed.endpoint == "chat" else upstream.completions_url
-        resp = await open_upstream(self.session, upstream, url, _encode(body))
-        clean = False
+        raw = _encode(body)
+        splicer = StreamSplicer(request, parsed.endpoint == "chat") if parsed.stream else None
+        res = self.resilience
+        now = time.monotonic()
+        # A stream's deadline for continuations is its whole life: the admission deadline is a
+        # time-to-first-token budget, which bounds retries only while nothing was delivered.
+        life = ex.arrival + self.limits.upstream_timeout_s
+        plan = res.plan(
+            info,
+            now=now,
+            deadline_s=max(deadline_s, life) if parsed.stream else deadline_s,
+            allow_continuation=tenant.continuation and can_continue(parsed),
+        )
+        attempt = next(plan)
+        error: GatewayError | None = None
+        first_byte_cap = res.retry.first_byte_timeout_s
         try:
-            if resp.status != 200:
-                out = await rejection(resp, upstream)
-                ex.outcome = OUTCOME_UPSTREAM_REJECTED
-                return out
-            if not parsed.stream:
-                out = await relay_json(resp, ex, upstream)
-                clean = True
-                upstream.record_success()
-                return out
-            stream_out, failure = await relay_stream(request, resp, ex, upstream)
-            if failure is not None:
-                ex.outcome = failure.outcome
-                self.pool.record_failure(upstream, failure.message)
-            elif ex.outcome == OUTCOME_OK:
-                clean = True
-                upstream.record_success()
-            return stream_out
+            while True:
+                if attempt.number > 1:
+                    res.count_attempt(model.name, attempt.kind is AttemptKind.CONTINUATION)
+                    if attempt.delay_s > 0:
+                        await asyncio.sleep(attempt.delay_s)
+                    if splicer is not None:
+                        splicer.digest()
+                        raw = _encode(continuation_body(parsed, splicer.text, splicer.delivered_tokens))
+                now = time.monotonic()
+                ttft_left = deadline_s - now if (splicer is None or not splicer.delivered_tokens) else None
+                if ttft_left is not None and ttft_left <= 0 and error is not None:
+                    break  # nothing delivered and the latency budget is spent: no retry
+                try:
+                    upstream, decision = self.route(info, model, now, attempt.exclude)
+                except NoHealthyInstance as exc:
+                    if error is None:
+                        error = exc
+                    break
+                ex.reason = decision.reason.value
+                cap = first_byte_cap
+                if ttft_left is not None:
+                    cap = ttft_left if cap is None else min(cap, ttft_left)
+                outcome, out, error = await self.attempt(
+                    request, parsed, raw, model, upstream, ex, splicer, cap
+                )
+                if error is None and out is not None:
+                    plan.close()
+                    return out
+                if (
+                    splicer is not None
+                    and splicer.started
+                    and parsed.max_tokens is not None
+                    and splicer.delivered_tokens >= parsed.max_tokens
+                ):
+                    await splicer.end_length()  # all asked for was sent; only the end was lost
+                    assert splicer.out is not None
+                    return splicer.out
+                try:
+                    attempt = plan.send(outcome)
+                except StopIteration:
+                    break
         finally:
-            if clean:
-                resp.release()
-            else:
-                resp.close()  # closes the connection: the instance sees the client go and aborts
+            plan.close()
+        assert error is not None
+        if splicer is not None and splicer.started:
+            ex.outcome = error.outcome
+            return await splicer.fail(error)
+        raise error
 
     # -- handlers -------------------------------------------------------------------------------
     async def completions(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
@@ -205,6 +408,8 @@ class Gateway:
         model: ServedModel | None = None
         tenant: Tenant | None = None
         acquired = False
+        pool: PoolAdmission | None = None
+        info: RequestInfo | None = None
         try:
             tenant = self.authenticate(request)
             ex.tenant = tenant.name
@@ -215,21 +420,21 @@ class Gateway:
             tenant.acquire()
             acquired = True
             info = ex.info = self.describe(parsed, model, tenant, now)
-            upstream, decision = self.route(info, model, now)
-            ex.reason = decision.reason.value
-            model.router.on_routed(info, upstream.id, now=now)
-            tokens = info.prompt_tokens + info.max_output_tokens
-            upstream.begin(tokens)
-            ex.upstream = upstream
+            pool = self.admission[model.name]
+            if pool.free() <= 0 and pool.capacity() <= 0:
+                raise NoHealthyInstance(
+                    f"no healthy instance serves {model.name!r} right now",
+                    retry_after_s=self._retry_after(model.name, now),
+                )
+            header = request.headers.get(PRIORITY_HEADER)
+            priority = priority_for(tenant.priority, header, tenant.allow_priority_raise)
+            deadline = await pool.admit(info, priority, now)
             try:
-                return await self.forward(request, parsed, model, upstream, ex)
+                return await self.forward(request, parsed, model, tenant, ex, deadline)
             finally:
-                upstream.end(tokens)
-                model.router.on_finished(info, upstream.id, now=time.monotonic())
+                pool.release(info)
         except GatewayError as exc:
             ex.outcome = exc.outcome
-            if isinstance(exc, UpstreamError) and ex.upstream is not None:
-                self.pool.record_failure(ex.upstream, exc.message)
             return error_response(exc)
         except BaseException as exc:
             if not isinstance(exc, Exception):  # cancelled: the client went away
@@ -270,7 +475,13 @@ class Gateway:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def instances(self, request: web.Request) -> web.Response:
-        body = {"object": "list", "data": [u.describe() for u in self.pool.all()]}
+        now = time.monotonic()
+        data = []
+        for u in self.pool.all():
+            d = u.describe()
+            d["breaker"] = self.resilience.state(u.id, now).value
+            data.append(d)
+        body = {"object": "list", "data": data}
         return web.Response(body=_encode(body), content_type="application/json")
 
     async def not_found(self, request: web.Request) -> web.Response:

@@ -14,6 +14,9 @@ Shape (every section but ``models`` and ``instances`` is optional)::
          price_per_hour: 2.99, labels: {}}
     scrape: {interval_s: 1.0}
     health: {interval_s: 2.0, failures_to_down: 2, path: /health}
+    retry: {budget_ratio: 0.2, min_per_s: 1.0, max_attempts: 3, ...}   # resilience_config.py
+    breaker: {consecutive_failures: 5, cooldown_s: 5, ...}
+    admission: {queue: {max_depth: 1024, ...}, shedding: {thresholds: {...}}}
 
 API keys are stored hashed (``sha256:`` + hex digest of the raw key, see :func:`hash_key`). An empty
 ``tenants`` list turns authentication off: every caller is the tenant ``default`` (for a laptop
@@ -35,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.routing import build_router
+from tokenplane.gateway.resilience_config import AdmissionParams, BreakerParams, RetryConfig
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -50,6 +54,7 @@ DEFAULT_HEALTH_PATH = "/health"
 DEFAULT_METRICS_PATH = "/metrics"
 DEFAULT_ROUTER = "prefix-affinity"
 DEFAULT_TENANT = "default"
+DEFAULT_INSTANCE_MAX_CONCURRENCY = 256
 
 PriorityClass = Literal["interactive", "standard", "batch"]
 PRIORITY_VALUES: Mapping[str, int] = {"interactive": 1, "standard": 0, "batch": -1}
@@ -93,6 +98,10 @@ class TenantConfig(_Strict):
     max_concurrency: int | None = Field(None, ge=1)
     models: tuple[str, ...] | None = None
     """Served names (or aliases) this tenant may use; ``None`` means every model."""
+    continuation: bool = True
+    """Whether this tenant's streams are continued on another instance after a mid-stream failure."""
+    allow_priority_raise: bool = False
+    """Whether ``X-Tokenplane-Priority`` may raise this tenant's class (it may always lower it)."""
 
     @field_validator("api_keys")
     @classmethod
@@ -136,6 +145,8 @@ class InstanceConfig(_Strict):
     """Bearer key the upstream expects (sent as is; it is the upstream's secret, not a tenant's)."""
     metrics_path: str = DEFAULT_METRICS_PATH
     kv_capacity_tokens: int = Field(0, ge=0)
+    max_concurrency: int = Field(DEFAULT_INSTANCE_MAX_CONCURRENCY, ge=1)
+    """Requests this gateway sends the instance at once; admission queues beyond the pool's sum."""
 
     @field_validator("url")
     @classmethod
@@ -165,6 +176,9 @@ class GatewayConfig(_Strict):
     instances: tuple[InstanceConfig, ...] = Field(min_length=1)
     scrape: ScrapeConfig = ScrapeConfig()
     health: HealthConfig = HealthConfig()
+    retry: RetryConfig = RetryConfig()
+    breaker: BreakerParams = BreakerParams()
+    admission: AdmissionParams = AdmissionParams()
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

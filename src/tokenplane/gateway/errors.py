@@ -13,7 +13,9 @@ Hierarchy::
     ├── RouteNotFound                 404 / 405 unknown path or method
     ├── Refused                       429 / 503, with Retry-After
     │   ├── TenantConcurrencyExceeded 429 the tenant has max_concurrency requests in flight
-    │   └── NoHealthyInstance         503 no ready and healthy instance serves the model
+    │   ├── TenantOverShare           429 admission: the tenant's queue or in-flight share is full
+    │   ├── PoolSaturated             503 admission: queue full, shed, or expired while queued
+    │   └── NoHealthyInstance         503 no ready and healthy instance (or every breaker open)
     └── UpstreamError                 502 / 504, the instance failed us
         ├── UpstreamUnavailable       502 connection refused or reset, or a 5xx answer
         ├── UpstreamProtocolError     502 the answer is not what the API promises
@@ -114,6 +116,16 @@ class TenantConcurrencyExceeded(Refused):
     status = 429
     type = "rate_limit_error"
     default_code = "concurrency_limit_exceeded"
+
+
+class TenantOverShare(Refused):
+    status = 429
+    type = "rate_limit_error"
+    default_code = "tenant_over_share"
+
+
+class PoolSaturated(Refused):
+    default_code = "pool_saturated"
 
 
 class NoHealthyInstance(Refused):

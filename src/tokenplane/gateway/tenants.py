@@ -3,9 +3,9 @@
 Keys are stored hashed; a request's key is hashed once (SHA-256, about 0.5 µs) and looked up in a
 dict. With no tenants configured, authentication is off and every caller is the ``default`` tenant.
 
-:meth:`Tenant.acquire` is the admission seam: today a bound on the tenant's requests in flight
-(``max_concurrency``, refused with 429 and ``Retry-After``); a core admission policy (queues per
-priority, budgets) replaces it without touching the request path around it.
+:meth:`Tenant.acquire` is a hard bound on the tenant's requests in flight (``max_concurrency``,
+refused at once with 429 and ``Retry-After``). Queueing, priorities and fair sharing between tenants
+come after it, in :mod:`~tokenplane.gateway.admission` (the core admission queue per pool).
 """
 
 from __future__ import annotations
@@ -20,7 +20,15 @@ RETRY_AFTER_S = 1.0
 
 
 class Tenant:
-    __slots__ = ("allowed_models", "in_flight", "max_concurrency", "name", "priority")
+    __slots__ = (
+        "allow_priority_raise",
+        "allowed_models",
+        "continuation",
+        "in_flight",
+        "max_concurrency",
+        "name",
+        "priority",
+    )
 
     def __init__(
         self,
@@ -28,8 +36,13 @@ class Tenant:
         priority: int,
         max_concurrency: int | None,
         allowed_models: frozenset[str] | None,
+        *,
+        continuation: bool = True,
+        allow_priority_raise: bool = False,
     ) -> None:
         self.name = name
+        self.continuation = continuation
+        self.allow_priority_raise = allow_priority_raise
         self.priority = priority
         self.max_concurrency = max_concurrency
         self.allowed_models = allowed_models
@@ -63,6 +76,8 @@ class Authenticator:
                 PRIORITY_VALUES[t.priority],
                 t.max_concurrency,
                 None if t.models is None else frozenset(t.models),
+                continuation=t.continuation,
+                allow_priority_raise=t.allow_priority_raise,
             )
             self.tenants.append(tenant)
             for k in t.api_keys:

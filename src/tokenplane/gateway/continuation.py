@@ -1,0 +1,372 @@
+"""One client stream over several upstream attempts: pass-through first, splicing after a failure.
+
+The first attempt's SSE bytes go to the client untouched (whole events only, as
+:func:`~tokenplane.gateway.proxy.scan_events` finds them); the splicer only keeps references to the
+forwarded byte strings. Nothing is parsed while nothing fails.
+
+When an attempt fails after the client's stream started (connection dropped, malformed or truncated
+SSE, no final chunk), :meth:`StreamSplicer.digest` parses what was already delivered, once: the
+stream's ``id``/``created``/``model``, the text, and the number of tokens. The next attempt is a
+continuation (:func:`continuation_body`): completions get the prompt plus the delivered text; chat
+gets the messages plus a partial assistant message holding it, with vLLM's
+``continue_final_message: true, add_generation_prompt: false``; ``max_tokens`` (and ``min_tokens``)
+shrink by the tokens delivered. Its events are rewritten before they are written: the first
+attempt's ``id``, ``created`` and ``model``; its opening role-only chunk dropped (the client had
+one); usage rewritten to what the request really cost: ``completion_tokens`` = tokens delivered in
+total, ``prompt_tokens`` = the first attempt's prompt (the continuation's prompt tokens minus the
+tokens delivered before it, an estimate: re-tokenising the delivered text may merge a token or two),
+and ``usage.tokenplane = {attempts, continuation_prompt_tokens}``.
+
+Token counting assumption: one SSE chunk carrying content is one token. vLLM and the emulator send
+one chunk per generated token (vLLM skips chunks whose detokenised delta is empty, e.g. half a UTF-8
+character, so the count can be a little low; ``max_tokens`` of the continuation is then a little
+high, never low). With ``stream_options.continuous_usage_stats`` the chunks' own
+``usage.completion_tokens`` is used instead.
+
+Continuation is not attempted (the stream ends with the error) for ``n > 1``, completions with
+``echo``, and completions prompts that are token ids or several prompts.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from tokenplane.gateway.errors import (
+    GatewayError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    error_event,
+)
+from tokenplane.gateway.proxy import (
+    MAX_PENDING_EVENT_BYTES,
+    OUTCOME_CLIENT_GONE,
+    SSE_HEADERS,
+    Exchange,
+    scan_events,
+)
+from tokenplane.gateway.request import ParsedRequest
+from tokenplane.gateway.upstreams import Upstream
+
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+_DONE = b"data: [DONE]\n\n"
+
+
+def can_continue(parsed: ParsedRequest) -> bool:
+    body = parsed.body
+    if body.get("n") not in (None, 1):
+        return False
+    if parsed.endpoint == "chat":
+        return True
+    if body.get("echo"):
+        return False
+    prompt = body.get("prompt")
+    return type(prompt) is str or (type(prompt) is list and len(prompt) == 1 and type(prompt[0]) is str)
+
+
+def continuation_body(parsed: ParsedRequest, text: str, tokens: int) -> dict[str, Any]:
+    """The request that continues ``parsed`` after ``text`` (``tokens`` tokens) was delivered."""
+    body = dict(parsed.body)
+    if not text and not tokens:
+        return body
+    if parsed.endpoint == "chat":
+        messages = list(body["messages"])
+        last = messages[-1] if messages else None
+        if body.get("continue_final_message") and isinstance(last, dict) and last.get("role") == "assistant":
+            prior = last.get("content")
+            messages[-1] = {**last, "content": (prior if isinstance(prior, str) else "") + text}
+        else:
+            messages.append({"role": "assistant", "content": text})
+        body["messages"] = messages
+        body["continue_final_message"] = True
+        body["add_generation_prompt"] = False
+        keys: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
+    else:
+        prompt = body["prompt"]
+        body["prompt"] = prompt + text if type(prompt) is str else [prompt[0] + text]
+        keys = ("max_tokens",)
+    for key in keys:
+        v = body.get(key)
+        if type(v) is int:
+            body[key] = max(1, v - tokens)
+    mt = body.get("min_tokens")
+    if type(mt) is int:
+        body["min_tokens"] = max(0, mt - tokens)
+    return body
+
+
+class AttemptEnd(msgspec.Struct):
+    """How one stream attempt ended, as the splicer saw it."""
+
+    failure: GatewayError | None
+    tokens: int  # content chunks this attempt delivered
+    latency_s: float | None  # attempt start to its first content chunk
+    client_gone: bool = False
+
+
+class StreamSplicer:
+    """The client's one SSE response and what has been delivered on it."""
+
+    __slots__ = (
+        "_chat",
+        "_sent",
+        "attempts",
+        "cont_prompt_tokens",
+        "delivered_text",
+        "delivered_tokens",
+        "digested",
+        "finished",
+        "first_prompt_tokens",
+        "head",
+        "out",
+        "request",
+    )
+
+    def __init__(self, request: web.Request, chat: bool) -> None:
+        self.request = request
+        self.out: web.StreamResponse | None = None
+        self._chat = chat
+        self._sent: list[bytes] = []
+        self.digested = False
+        self.delivered_text: list[str] = []
+        self.delivered_tokens = 0
+        self.head: dict[str, Any] | None = None
+        self.finished = False
+        self.attempts = 0
+        self.cont_prompt_tokens = 0
+        self.first_prompt_tokens: int | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.out is not None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.delivered_text)
+
+    async def _prepare(self) -> web.StreamResponse:
+        out = self.out
+        if out is None:
+            out = self.out = web.StreamResponse(headers=SSE_HEADERS)
+            await out.prepare(self.request)
+        return out
+
+    # -- after a failure ------------------------------------------------------------------------
+    def digest(self) -> None:
+        """Parse what the pass-through attempt delivered (once; later attempts are parsed live)."""
+        if self.digested:
+            return
+        data = b"".join(self._sent)
+        self._sent = []
+        for raw in data.split(b"\n\n"):
+            payload = _payload(raw)
+            if payload is None:
+                continue
+            try:
+                obj = _decode(payload)
+            except msgspec.DecodeError:
+                continue
+            if type(obj) is dict:
+                self._observe(obj)
+        self.digested = True
+
+    def _observe(self, obj: dict[str, Any]) -> bool:
+        """Record one delivered chunk; True when it carried content."""
+        if self.head is None and "id" in obj:
+            self.head = {k: obj[k] for k in ("id", "created", "model", "system_fingerprint") if k in obj}
+        usage = obj.get("usage")
+        choices = obj.get("choices")
+        content = False
+        if type(choices) is list and choices and type(choices[0]) is dict:
+            c = choices[0]
+            if self._chat:
+                delta = c.get("delta")
+                piece = delta.get("content") if type(delta) is dict else None
+            else:
+                piece = c.get("text")
+            if type(piece) is str and piece:
+                self.delivered_text.append(piece)
+                self.delivered_tokens += 1
+                content = True
+            if c.get("finish_reason") is not None:
+                self.finished = True
+        elif type(usage) is dict and not self.digested and self.first_prompt_tokens is None:
+            pt = usage.get("prompt_tokens")
+            if type(pt) is int:
+                self.first_prompt_tokens = pt
+        return content
+
+    # -- relaying ---------------------------------------------------------------------------------
+    async def relay(self, resp: aiohttp.ClientResponse, ex: Exchange, upstream: Upstream) -> AttemptEnd:
+        """Relay one attempt's SSE body onto the client's stream (pass-through unless digested)."""
+        self.attempts += 1
+        splice = self.digested
+        started = time.monotonic()
+        pending = b""
+        done = False
+        tokens = 0
+        first_s: float | None = None
+        failure: GatewayError | None = None
+        base_tokens = self.delivered_tokens
+        content = resp.content
+        try:
+            out = await self._prepare()
+            while not done:
+                try:
+                    data = await content.readany()
+                except TimeoutError:
+                    failure = UpstreamTimeout(f"instance {upstream.id} stalled mid-stream")
+                    break
+                except (aiohttp.ClientError, OSError) as exc:
+                    failure = UpstreamUnavailable(
+                        f"instance {upstream.id} broke the stream: {type(exc).__name__}"
+                    )
+                    break
+                if not data:
+                    failure = UpstreamProtocolError(f"instance {upstream.id} closed the stream before [DONE]")
+                    break
+                buf = pending + data if pending else data
+                end = buf.rfind(b"\n\n") + 2
+                if end < 2:
+                    if len(buf) > MAX_PENDING_EVENT_BYTES:
+                        failure = UpstreamProtocolError(f"instance {upstream.id} sent an unterminated event")
+                        break
+                    pending = buf
+                    continue
+                fwd, done, n, _span, malformed = scan_events(buf, end)
+                pending = buf[end:] if not done else b""
+                if fwd:
+                    chunk = buf[:fwd] if fwd < len(buf) else buf
+                    if splice:
+                        chunk, n = self._rewrite(chunk, base_tokens)
+                    else:
+                        self._sent.append(chunk)
+                    if chunk:
+                        await out.write(chunk)
+                    if n:
+                        tokens += n
+                        if first_s is None:
+                            first_s = time.monotonic() - started
+                        if ex.ttft_s is None:
+                            ex.ttft_s = time.monotonic() - ex.arrival
+                if malformed:
+                    failure = UpstreamProtocolError(f"instance {upstream.id} sent a malformed event")
+                    break
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            ex.outcome = OUTCOME_CLIENT_GONE
+            return AttemptEnd(None, tokens, first_s, client_gone=True)
+        if not splice:
+            ex.events_sent += tokens  # pass-through: JSON events (a close upper bound of tokens)
+        if failure is not None:
+            self.digest()
+            if self.finished:  # the final chunk arrived; only [DONE] (or usage) was lost
+                await self.finish()
+                return AttemptEnd(None, tokens, first_s)
+            return AttemptEnd(failure, self.delivered_tokens - base_tokens, first_s)
+        if splice:
+            ex.events_sent = self.delivered_tokens
+        return AttemptEnd(None, tokens, first_s)
+
+    def _rewrite(self, chunk: bytes, base_tokens: int) -> tuple[bytes, int]:
+        """Rewrite a continuation's events onto the client's stream; returns (bytes, content chunks)."""
+        out: list[bytes] = []
+        n = 0
+        for raw in chunk.split(b"\n\n"):
+            if not raw:
+                continue
+            payload = _payload(raw)
+            if payload is None:
+                if raw.strip() == b"data: [DONE]":
+                    out.append(_DONE)
+                continue  # comments and blank lines are not worth keeping across a splice
+            obj = _decode(payload)
+            if type(obj) is not dict:
+                continue
+            choices = obj.get("choices")
+            usage = obj.get("usage")
+            has_choice = type(choices) is list and bool(choices)
+            if has_choice and self._chat and choices is not None:
+                c = choices[0] if type(choices[0]) is dict else {}
+                delta = c.get("delta")
+                if (
+                    type(delta) is dict
+                    and not delta.get("content")
+                    and not delta.get("tool_calls")
+                    and c.get("finish_reason") is None
+                ):
+                    continue  # the continuation's opening role chunk: the client already has one
+            if self._observe(obj):
+                n += 1
+            if self.head is not None:
+                obj.update(self.head)
+            if type(usage) is dict:
+                if has_choice:  # continuous usage stats: the running total over the attempts
+                    ct = usage.get("completion_tokens")
+                    if type(ct) is int:
+                        self.delivered_tokens = base_tokens + ct
+                obj["usage"] = self._usage(usage, base_tokens)
+            out.append(b"data: " + _encode(obj) + b"\n\n")
+        return b"".join(out), n
+
+    def _usage(self, usage: dict[str, Any], base_tokens: int) -> dict[str, Any]:
+        pt = usage.get("prompt_tokens")
+        cont_pt = pt if type(pt) is int else 0
+        first = self.first_prompt_tokens
+        if first is None:
+            first = max(0, cont_pt - base_tokens)
+        completion = self.delivered_tokens
+        return {
+            **usage,
+            "prompt_tokens": first,
+            "completion_tokens": completion,
+            "total_tokens": first + completion,
+            "tokenplane": {
+                "attempts": self.attempts,
+                "continuation_prompt_tokens": self.cont_prompt_tokens + cont_pt,
+            },
+        }
+
+    async def finish(self) -> None:
+        out = await self._prepare()
+        await out.write(_DONE)
+        await out.write_eof()
+
+    async def fail(self, exc: GatewayError) -> web.StreamResponse:
+        """End the client's stream with an OpenAI-style error event (built in errors.py)."""
+        out = await self._prepare()
+        try:
+            await out.write(error_event(exc))
+            await out.write_eof()
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            pass
+        return out
+
+    async def end_length(self) -> None:
+        """Every token asked for was delivered but the final chunk was lost: send it ourselves."""
+        head = self.head or {}
+        if self._chat:
+            choice: dict[str, Any] = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
+            obj = "text_completion"
+        event = {"object": obj, **copy.copy(head), "choices": [choice]}
+        out = await self._prepare()
+        await out.write(b"data: " + _encode(event) + b"\n\n")
+        self.finished = True
+        await self.finish()
+
+
+def _payload(raw: bytes) -> bytes | None:
+    raw = raw.strip()
+    if not raw.startswith(b"data:"):
+        return None
+    p = raw[5:].strip()
+    return p if p.startswith(b"{") else None
