@@ -161,17 +161,20 @@ class Gateway:
             return sum(
                 u.config.max_concurrency
                 for u in self.pool.for_model(model)
-                if u.healthy and board.allow(u.id, now=now)
+                if u.healthy and not u.draining and board.allow(u.id, now=now)
             )
 
         return capacity
 
     def _forget(self, upstream: Upstream) -> None:
         # An instance that went down may come back restarted with an empty cache.
+        self.forget_instance(upstream.id, upstream.model)
+
+    def forget_instance(self, instance_id: str, model: str | None = None) -> None:
         for m in self.catalog.models:
             forget = getattr(m.router, "forget", None)
-            if forget is not None and m.name == upstream.model:
-                forget(upstream.id)
+            if forget is not None and (model is None or m.name == model):
+                forget(instance_id)
 
     # -- stages ---------------------------------------------------------------------------------
     def authenticate(self, request: web.Request) -> Tenant:
@@ -497,10 +500,20 @@ def create_app(config: GatewayConfig, *, rng: random.Random | None = None) -> we
     app = web.Application(client_max_size=config.limits.max_body_bytes)
     app[GATEWAY_KEY] = gw
 
+    loops: list[Any] = []
+
     async def on_startup(_: web.Application) -> None:
         await gw.start()
+        if config.autoscaling is not None and config.autoscaling.enabled:
+            from tokenplane.gateway.autoscaling import build_control_loop
+
+            loop = build_control_loop(gw, config.autoscaling)
+            loop.start()
+            loops.append(loop)
 
     async def on_cleanup(_: web.Application) -> None:
+        for loop in loops:
+            await loop.stop(stop_instances=True)
         await gw.stop()
 
     app.on_startup.append(on_startup)

@@ -17,6 +17,8 @@ Shape (every section but ``models`` and ``instances`` is optional)::
     retry: {budget_ratio: 0.2, min_per_s: 1.0, max_attempts: 3, ...}   # resilience_config.py
     breaker: {consecutive_failures: 5, cooldown_s: 5, ...}
     admission: {queue: {max_depth: 1024, ...}, shedding: {thresholds: {...}}}
+    ledger: {path: tokenplane-ledger.sqlite, abandon_after_s: 600}   # path null: in memory
+    tracing: {otlp_endpoint: null, service_name: tokenplane-gateway, sample_ratio: 1.0}
 
 API keys are stored hashed (``sha256:`` + hex digest of the raw key, see :func:`hash_key`). An empty
 ``tenants`` list turns authentication off: every caller is the tenant ``default`` (for a laptop
@@ -36,6 +38,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tokenplane.control.config import AutoscalingConfig
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.routing import build_router
 from tokenplane.gateway.resilience_config import AdmissionParams, BreakerParams, RetryConfig
@@ -147,6 +150,10 @@ class InstanceConfig(_Strict):
     kv_capacity_tokens: int = Field(0, ge=0)
     max_concurrency: int = Field(DEFAULT_INSTANCE_MAX_CONCURRENCY, ge=1)
     """Requests this gateway sends the instance at once; admission queues beyond the pool's sum."""
+    prefill_tokens_per_s: float | None = Field(None, gt=0)
+    decode_tokens_per_s: float | None = Field(None, gt=0)
+    """Throughput for cost attribution (see :mod:`tokenplane.gateway.economics`); default: the twin's
+    step-time model for ``gpu`` and the model, else ``ledger``'s defaults."""
 
     @field_validator("url")
     @classmethod
@@ -168,6 +175,28 @@ class HealthConfig(_Strict):
     timeout_s: float = Field(2.0, gt=0)
 
 
+class LedgerConfig(_Strict):
+    """The workflow ledger (:mod:`tokenplane.gateway.workflows`): where spend and outcomes go."""
+
+    enabled: bool = True
+    path: str | None = None
+    """SQLite file; ``null`` keeps the ledger in memory (lost on restart, not shared)."""
+    abandon_after_s: float = Field(600.0, gt=0)
+    sweep_interval_s: float = Field(30.0, gt=0)
+    prefill_tokens_per_s: float = Field(10_000.0, gt=0)
+    decode_tokens_per_s: float = Field(2_000.0, gt=0)
+    """Fallback throughput for instances neither configured nor known to the twin's catalogue."""
+
+
+class TracingConfig(_Strict):
+    """OpenTelemetry spans per request (:mod:`tokenplane.gateway.tracing`); off without an endpoint."""
+
+    otlp_endpoint: str | None = None
+    """OTLP/HTTP collector base URL (``/v1/traces`` is appended unless the URL has a path)."""
+    service_name: str = "tokenplane-gateway"
+    sample_ratio: float = Field(1.0, ge=0, le=1)
+
+
 class GatewayConfig(_Strict):
     listen: ListenConfig = ListenConfig()
     limits: LimitsConfig = LimitsConfig()
@@ -179,6 +208,9 @@ class GatewayConfig(_Strict):
     retry: RetryConfig = RetryConfig()
     breaker: BreakerParams = BreakerParams()
     admission: AdmissionParams = AdmissionParams()
+    autoscaling: AutoscalingConfig | None = None
+    ledger: LedgerConfig = LedgerConfig()
+    tracing: TracingConfig = TracingConfig()
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

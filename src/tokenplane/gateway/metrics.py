@@ -16,6 +16,7 @@ per call, about 1 µs, which matters at 0.15 ms of budget per request.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -81,6 +82,12 @@ class _InstanceCollector(Collector):
         yield from fams.values()
 
 
+class RequestListener(Protocol):
+    def request_done(self, model: str, outcome: str, duration_s: float) -> None: ...
+
+    def first_token(self, model: str, ttft_s: float) -> None: ...
+
+
 class GatewayMetrics:
     def __init__(self, upstreams: Callable[[], Iterable[Upstream]]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -108,6 +115,9 @@ class GatewayMetrics:
         self._request_children: dict[tuple[str, str, str, str], Counter] = {}
         self._ttft_children: dict[str, Histogram] = {}
         self._duration_children: dict[tuple[str, bool], Histogram] = {}
+        # Observers of finished requests and first tokens (the autoscaler's signal source);
+        # empty unless autoscaling is on.
+        self.listeners: list[RequestListener] = []
 
     def request_done(
         self, model: str, tenant: str, outcome: str, reason: str, duration_s: float, stream: bool
@@ -117,6 +127,8 @@ class GatewayMetrics:
         if c is None:
             c = self._request_children[key] = self._requests.labels(*key)
         c.inc()
+        for listener in self.listeners:
+            listener.request_done(model, outcome, duration_s)
         if outcome == "ok":
             dkey = (model, stream)
             h = self._duration_children.get(dkey)
@@ -131,6 +143,8 @@ class GatewayMetrics:
         if h is None:
             h = self._ttft_children[model] = self._ttft.labels(model)
         h.observe(ttft_s)
+        for listener in self.listeners:
+            listener.first_token(model, ttft_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -95,6 +95,7 @@ class Upstream:
         "completions_url",
         "config",
         "consecutive_failures",
+        "draining",
         "headers",
         "health_url",
         "healthy",
@@ -132,7 +133,12 @@ class Upstream:
         self.healthy = True  # optimistic until the first probe; a failed request counts too
         self.consecutive_failures = 0
         self.last_error: str | None = None
+        self.draining = False  # set by the autoscaler: finish in-flight work, take no more
         self._view: InstanceView | None = None
+
+    def set_draining(self, draining: bool) -> None:
+        self.draining = draining
+        self._view = None
 
     # -- the request path --------------------------------------------------------------------
     def begin(self, tokens: int) -> None:
@@ -183,7 +189,7 @@ class Upstream:
                 instance_id=self.id,
                 model=self.model,
                 gpu=c.gpu,
-                ready=True,
+                ready=not self.draining,
                 healthy=self.healthy,
                 outstanding_requests=self.in_flight,
                 outstanding_tokens=self.in_flight_tokens,
@@ -244,6 +250,28 @@ class UpstreamPool:
 
     def get(self, instance_id: str) -> Upstream | None:
         return self._by_id.get(instance_id)
+
+    # -- membership (the autoscaler's registry) ------------------------------------------------
+    def add(self, config: InstanceConfig) -> Upstream:
+        """Start routing to a new instance (an autoscaler activated it)."""
+        if config.id in self._by_id:
+            raise ValueError(f"instance {config.id!r} is already in the pool")
+        u = Upstream(config, self._health)
+        self._by_id[u.id] = u
+        self._by_model.setdefault(u.model, []).append(u)
+        return u
+
+    def drain(self, instance_id: str) -> None:
+        """Stop sending new work to an instance; what it has in flight finishes."""
+        u = self._by_id.get(instance_id)
+        if u is not None:
+            u.set_draining(True)
+
+    def remove(self, instance_id: str) -> Upstream | None:
+        u = self._by_id.pop(instance_id, None)
+        if u is not None:
+            self._by_model[u.model] = [x for x in self._by_model.get(u.model, []) if x is not u]
+        return u
 
     def record_failure(self, upstream: Upstream, reason: str) -> None:
         if upstream.record_failure(reason) and self._on_down is not None:
