@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tokenplane.core.routing.base import Router
-from tokenplane.core.views import InstanceView, RequestInfo
+from tokenplane.core.views import InstanceView, RequestInfo, WorkflowContext
 from tokenplane.sim.engine import Seq
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.records import InstanceRecord, InstanceSample, RequestRecord, TbtHistogram
@@ -78,6 +78,12 @@ class Fleet:
         self._last_sample_t = 0.0
         self._last_activity = 0.0
         self.arrivals_done = False
+        # Economics (sim.economics_report): each request's workflow, and, in shells where a request
+        # may take several attempts, one (request_id, instance_id, prefill tokens computed, output
+        # tokens, delivered) row per attempt; ``None`` means one attempt per record (read records).
+        self.workflows: dict[int, WorkflowContext] = {}
+        self.usage: list[tuple[int, str, int, int, bool]] | None = None
+        self.budgets: dict[int, float] = {}  # request_id -> its own TTFT budget, where it has one
 
     # -- arrivals ------------------------------------------------------------------------------
     def _next_arrival(self) -> None:
@@ -93,6 +99,10 @@ class Fleet:
 
     def _admit(self, now: float, spec: RequestSpec) -> None:
         self._last_activity = now
+        if spec.workflow is not None:
+            self.workflows[spec.request_id] = spec.workflow
+        if spec.latency_budget_s is not None:
+            self.budgets[spec.request_id] = spec.latency_budget_s
         hashes = spec.block_hashes
         rec = RequestRecord(
             request_id=spec.request_id,
@@ -113,6 +123,8 @@ class Fleet:
             tenant=spec.tenant,
             arrival_s=now,
             workflow=spec.workflow,
+            priority=spec.priority,
+            latency_budget_s=spec.latency_budget_s,
         )
         views = self.views
         if self._changed:

@@ -18,6 +18,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
+
 from tokenplane.core.breaker import BreakerBoard, BreakerConfig, filter_allowed
 from tokenplane.core.retry_budget import RetryBudget
 from tokenplane.core.routing.base import Router
@@ -41,6 +43,7 @@ class _Pending:
         "info",
         "lost_at",
         "record",
+        "sent_s",
         "seq",
         "spec",
         "tried",
@@ -57,6 +60,7 @@ class _Pending:
         self.info: RequestInfo | None = None
         self.tried: set[str] = set()
         self.lost_at: float | None = None
+        self.sent_s: float | None = None  # when the client sent the attempt, if it waited before dispatch
 
 
 class ControlHooks:
@@ -167,6 +171,8 @@ class ResilientFleet(Fleet):
             "lost_tokens": 0,
         }
         self.resume_gaps: list[float] = []
+        self.attempt_usage: list[tuple[int, str, int, int, bool]] = []
+        self.usage = self.attempt_usage
         for i, f in enumerate(self.faults):
             if f.instance >= len(self.engines):
                 raise ValueError(f"faults[{i}]: instance {f.instance} but the fleet has {len(self.engines)}")
@@ -176,6 +182,10 @@ class ResilientFleet(Fleet):
     # -- requests ------------------------------------------------------------------------------
     def _admit(self, now: float, spec: RequestSpec) -> None:
         self._last_activity = now
+        if spec.workflow is not None:
+            self.workflows[spec.request_id] = spec.workflow
+        if spec.latency_budget_s is not None:
+            self.budgets[spec.request_id] = spec.latency_budget_s
         bound = self._prefix_bound(spec)
         rec = RequestRecord(
             request_id=spec.request_id,
@@ -195,17 +205,12 @@ class ResilientFleet(Fleet):
         p.record.attempts = p.attempt
         self.counters["attempts"] += 1
         if p.delivered:  # a continuation: the prompt now includes what the user already saw
-            spec = RequestSpec(
-                request_id=spec.request_id,
+            spec = msgspec.structs.replace(
+                spec,
                 arrival_s=now,
                 prompt_tokens=spec.prompt_tokens + p.delivered,
                 output_tokens=spec.output_tokens - p.delivered,
-                block_hashes=spec.block_hashes,
-                hash_block_tokens=spec.hash_block_tokens,
-                tenant=spec.tenant,
-                model=spec.model,
                 max_output_tokens=max(1, (spec.max_output_tokens or spec.output_tokens) - p.delivered),
-                workflow=spec.workflow,
             )
         info = RequestInfo(
             request_id=str(spec.request_id),
@@ -217,6 +222,8 @@ class ResilientFleet(Fleet):
             tenant=spec.tenant,
             arrival_s=p.record.arrival_s,
             workflow=spec.workflow,
+            priority=spec.priority,
+            latency_budget_s=spec.latency_budget_s,
         )
         decision = self._route(info, p, now)
         rec = p.record
@@ -240,8 +247,19 @@ class ResilientFleet(Fleet):
         self._pending[seq.uid] = p
         self.hooks.on_dispatch(engine.id, now=now)
         engine.submit(seq, now)
+        sent, p.sent_s = p.sent_s, None
         if self.clients.timeout_s is not None:
-            self.loop.schedule(now + self.clients.timeout_s, self._on_timeout, (p, p.attempt))
+            start = now if sent is None else sent
+            self.loop.schedule(max(now, start + self.clients.timeout_s), self._on_timeout, (p, p.attempt))
+
+    def _used(self, seq: Seq, instance_id: str, *, delivered: bool, finished: bool) -> None:
+        """Record what one attempt computed (for cost attribution), however it ended."""
+        hit = seq.record.prefix_hit_tokens
+        if finished:
+            prefill, out = seq.spec.prompt_tokens - hit, seq.spec.output_tokens
+        else:
+            prefill, out = max(0, min(seq.computed, seq.prompt) - hit), seq.generated
+        self.attempt_usage.append((seq.spec.request_id, instance_id, prefill, out, delivered))
 
     def _route(self, info: RequestInfo, p: _Pending, now: float) -> RouteDecision:
         views = self.views
@@ -263,6 +281,7 @@ class ResilientFleet(Fleet):
         p = self._pending.pop(seq.uid, None)
         own = seq.record.instance_id or ""  # the instance this attempt ran on, not the latest one
         self.router.on_finished(seq.info, own, now=now)
+        self._used(seq, own, delivered=not (p is None or p.done or p.seq is not seq), finished=True)
         if p is None or p.done or p.seq is not seq:
             # Finished after its client had given up; the timeout already reported this attempt.
             self.counters["zombie_completions"] += 1
@@ -306,6 +325,7 @@ class ResilientFleet(Fleet):
             self.hooks.on_result(engine.id, False, None, now=now)
             cancel = self.controls.cancel_on_timeout
             if cancel and isinstance(engine, ContinuousEngine) and engine.abort(seq, now):
+                self._used(seq, engine.id, delivered=False, finished=False)
                 self._in_flight -= 1
                 self._pending.pop(seq.uid, None)
                 self.counters["cancelled_attempts"] += 1
@@ -371,6 +391,7 @@ class ResilientFleet(Fleet):
     def _lose(self, engine: ContinuousEngine, now: float) -> None:
         engine.ready = False
         for seq in engine.fail_all(now):
+            self._used(seq, engine.id, delivered=False, finished=False)
             self._in_flight -= 1
             p = self._pending.pop(seq.uid, None)
             self.router.on_finished(seq.info, engine.id, now=now)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenplane.core.economics import TokenCosts
 from tokenplane.core.routing import build_router
 from tokenplane.sim.autoscaling import (
     AutoscalingShell,
@@ -19,6 +20,7 @@ from tokenplane.sim.autoscaling import (
     initial_states,
 )
 from tokenplane.sim.catalog import Catalog, kv_capacity_tokens
+from tokenplane.sim.economics_report import build_economics, engine_token_costs
 from tokenplane.sim.engine import ContinuousEngine, EngineConfig, Seq
 from tokenplane.sim.fleet import Engine, Fleet, FleetResult
 from tokenplane.sim.kernel import EventLoop
@@ -85,6 +87,7 @@ def simulate(
 
     engines: list[Engine] = []
     timings: list[Timings] = []
+    prices: dict[str, TokenCosts] = {}
     block_size = 16
     for group in groups:
         gpu = catalog.gpu(group.gpu)
@@ -97,8 +100,12 @@ def simulate(
         # The single form keeps its historical ids (``h100-0``); groups are ``<name>-<i>``.
         prefix = group.name if fleet_cfg.grouped else gpu.name.lower()
         timing = group_timings(group, catalog)
+        costs = engine_token_costs(
+            steps, price, max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs
+        )
         for i in range(group.instances):
             iid = f"{prefix}-{i}"
+            prices[iid] = costs
             engines.append(
                 engine_cls(
                     iid,
@@ -126,7 +133,19 @@ def simulate(
         "sample_interval_s": run.sample_interval_s,
     }
     fleet: Fleet
-    if run.resilient:
+    if run.admission is not None:
+        from tokenplane.sim.admission_shell import AdmissionFleet
+
+        fleet = AdmissionFleet(
+            **common,
+            clients=run.clients,
+            controls=run.controls,
+            faults=run.faults,
+            seed=run.seed,
+            admission=run.admission,
+            prices=prices,
+        )
+    elif run.resilient:
         fleet = ResilientFleet(
             **common, clients=run.clients, controls=run.controls, faults=run.faults, seed=run.seed
         )
@@ -177,9 +196,42 @@ def simulate(
         }
     if shell is not None:
         result.extra = {**result.extra, **shell.report_extra()}
+    extra_fn = getattr(fleet, "report_extra", None)
+    if extra_fn is not None:
+        result.extra = {**result.extra, **extra_fn()}
+    if fleet.budgets:
+        result.extra = {**result.extra, **budget_goodput(result, fleet.budgets, run)}
+    result.extra = {
+        **result.extra,
+        **build_economics(
+            result.records, result.instances, prices=prices, workflows=fleet.workflows, usage=fleet.usage
+        ),
+    }
     if lifecycle is not None:
         result.lifecycle = lifecycle
     return result
+
+
+def budget_goodput(result: FleetResult, budgets: dict[int, float], run: RunSettings) -> dict[str, Any]:
+    """Goodput against each request's own TTFT budget (the run's SLO TTFT for those without one)."""
+    met = 0
+    by_budget: dict[str, list[int]] = {}
+    for r in result.records:
+        budget = budgets.get(r.request_id, run.slo.ttft_s)
+        ok = r.ok and r.first_token_s is not None and r.first_token_s - r.arrival_s <= budget
+        if ok:
+            tpot = r.tpot_s
+            ok = tpot is None or tpot <= run.slo.tbt_s
+        met += ok
+        acc = by_budget.setdefault(f"{budget:g}", [0, 0])
+        acc[0] += ok
+        acc[1] += 1
+    d = result.duration_s
+    return {
+        "budget_goodput_rps": met / d if d > 0 else None,
+        "budget_attainment": met / len(result.records) if result.records else None,
+        "budget_attainment_by_budget_s": {k: v[0] / v[1] for k, v in sorted(by_budget.items())},
+    }
 
 
 def _median(values: list[float]) -> float | None:

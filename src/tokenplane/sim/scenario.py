@@ -187,6 +187,28 @@ class AutoscalerSettings(BaseModel):
     slo_window_s: float = Field(60.0, gt=0)
 
 
+class AdmissionSettings(BaseModel):
+    """``admission: {...}``: a gateway-like admission layer in the twin (see
+    :mod:`tokenplane.sim.admission_shell`). ``policy`` picks the family: ``request-level`` (FCFS by
+    class, sheds the newcomer) or ``task-aware`` (orders and sheds by workflow value, budgeted
+    retries for late steps)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: Literal["request-level", "task-aware"] = "request-level"
+    max_in_flight_per_instance: int = Field(32, gt=0)
+    queue: dict[str, Any] = Field(default_factory=dict)  # core AdmissionQueue params
+    shedder: dict[str, Any] = Field(default_factory=dict)  # core LoadShedder params
+    value: dict[str, Any] = Field(default_factory=dict)  # core WorkflowValueModel params
+    protect_density: float = 4.0
+    shed_density: float = 0.0
+    retry_p_success: float = Field(0.8, ge=0, le=1)
+    max_retries_per_step: int = Field(1, ge=0)
+    retry_delay_s: float = Field(1.0, ge=0)
+    retry_budget: dict[str, Any] = Field(default_factory=dict)  # core RetryBudget params
+    pump_interval_s: float = Field(1.0, gt=0)
+
+
 class SloSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -211,6 +233,7 @@ class RunSettings(BaseModel):
     controls: ControlSpec | None = None
     faults: list[FaultSpec] = Field(default_factory=list)
     autoscaler: AutoscalerSettings | None = None
+    admission: AdmissionSettings | None = None
 
     @property
     def resilient(self) -> bool:
@@ -235,6 +258,7 @@ class _ScenarioFile(BaseModel):
     controls: dict[str, Any] | None = None
     faults: list[dict[str, Any]] = Field(default_factory=list)
     autoscaler: dict[str, Any] | None = None
+    admission: dict[str, Any] | None = None
     runs: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -262,6 +286,7 @@ _RUN_KEYS = {
     "controls",
     "faults",
     "autoscaler",
+    "admission",
 }
 
 
@@ -303,6 +328,7 @@ def parse_scenario(raw: Any, *, source: str | None = None) -> Scenario:
         "controls": base.controls,
         "faults": base.faults,
         "autoscaler": base.autoscaler,
+        "admission": base.admission,
     }
     runs_raw = base.runs or [{"name": router_label(base.router)}]
     runs: list[RunSettings] = []
@@ -331,6 +357,10 @@ def parse_scenario(raw: Any, *, source: str | None = None) -> Scenario:
             build_router(merged["router"], random.Random(0))
             check_workload_config(merged["workload"])
             _check_lifecycle(runs[-1], base.catalog)
+            if runs[-1].admission is not None:
+                from tokenplane.sim.admission_shell import build_admission_policies
+
+                build_admission_policies(runs[-1].admission)
         except (InvalidPolicyConfig, WorkloadConfigError, ValueError) as exc:
             raise ScenarioError(f"{label}: {exc}") from exc
     return Scenario(

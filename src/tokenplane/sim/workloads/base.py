@@ -21,7 +21,8 @@ class RequestSpec(msgspec.Struct, frozen=True):
     ``block_hashes`` are chained prefix-block ids, one per full block of ``hash_block_tokens`` prompt
     tokens: two requests share KV for exactly their common leading ids (Mooncake's ``hash_ids``).
     ``output_tokens`` is what the model will generate; ``max_output_tokens`` what the client
-    asked for (the router only sees the latter).
+    asked for (the router only sees the latter). ``priority`` and ``latency_budget_s`` are the
+    request's own service class: what it asks of the control plane and what its goodput counts against.
     """
 
     request_id: int
@@ -34,6 +35,10 @@ class RequestSpec(msgspec.Struct, frozen=True):
     model: str = ""
     max_output_tokens: int = 0
     workflow: WorkflowContext | None = None
+    priority: int = 0
+    """Priority class hint (1 interactive, 0 standard, -1 batch), passed to ``RequestInfo.priority``."""
+    latency_budget_s: float | None = None
+    """Time-to-first-token budget counted from arrival, passed to ``RequestInfo.latency_budget_s``."""
 
 
 class Workload(Protocol):

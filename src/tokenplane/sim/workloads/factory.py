@@ -27,7 +27,7 @@ from tokenplane.sim.workloads.base import Workload
 from tokenplane.sim.workloads.dists import IntDist, LengthDist
 from tokenplane.sim.workloads.mooncake import MooncakeTrace
 from tokenplane.sim.workloads.servegen import ServeGenWorkload
-from tokenplane.sim.workloads.synthetic import SyntheticWorkload
+from tokenplane.sim.workloads.synthetic import ServiceClass, SyntheticWorkload
 from tokenplane.sim.workloads.traces import TraceNotFound, require_trace
 
 __all__ = ["WORKLOAD_TYPES", "WorkloadConfigError", "build_workload", "check_workload_config"]
@@ -100,6 +100,12 @@ class AzureConfig(_Strict):
     tenant: str = "default"
 
 
+class ServiceClassConfig(_Strict):
+    weight: float = Field(1.0, gt=0)
+    priority: int = Field(0, ge=-1, le=1)
+    latency_budget_s: float | None = Field(None, gt=0)
+
+
 class SyntheticConfig(_Strict):
     type: Literal["synthetic"]
     rate_rps: float = Field(gt=0)
@@ -115,6 +121,7 @@ class SyntheticConfig(_Strict):
     hash_block_tokens: int = Field(16, ge=1)
     tenant: str = "default"
     model: str = ""
+    classes: list[ServiceClassConfig] = Field(default_factory=list)
 
 
 class AgenticConfig(_Strict):
@@ -235,6 +242,7 @@ def _build(parsed: _Strict, traces: Path | None, seed: int) -> Workload:
             hash_block_tokens=parsed.hash_block_tokens,
             tenant=parsed.tenant,
             model=parsed.model,
+            classes=[ServiceClass(c.weight, c.priority, c.latency_budget_s) for c in parsed.classes],
         )
     if isinstance(parsed, AgenticConfig):
         return _build_agentic(parsed, seed)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Sequence
 
+import msgspec
+
 from tokenplane.sim.workloads.base import RequestSpec
 from tokenplane.sim.workloads.dists import (
     ArrivalProcess,
@@ -19,6 +21,14 @@ from tokenplane.sim.workloads.dists import (
 )
 
 __all__ = ["IntDist", "LengthDist", "SyntheticWorkload", "weibull_shape_for_cv"]
+
+
+class ServiceClass(msgspec.Struct, frozen=True):
+    """A share of the requests with their own priority class and TTFT budget (mixed budgets)."""
+
+    weight: float = 1.0
+    priority: int = 0
+    latency_budget_s: float | None = None
 
 
 class SyntheticWorkload:
@@ -54,6 +64,7 @@ class SyntheticWorkload:
         model: str = "",
         start_s: float = 0.0,
         name: str = "synthetic",
+        classes: Sequence[ServiceClass] = (),
     ) -> None:
         if num_requests is not None and num_requests < 0:
             raise ValueError(f"num_requests must be >= 0, got {num_requests}")
@@ -82,8 +93,13 @@ class SyntheticWorkload:
         self.model = model
         self.start_s = start_s
         self.name = name
+        self.classes = tuple(classes)
 
     def arrivals(self) -> Iterator[RequestSpec]:
+        specs = self._arrivals()
+        return self._with_classes(specs) if self.classes else specs
+
+    def _arrivals(self) -> Iterator[RequestSpec]:
         rng = random.Random(self.seed)
         gap = interarrival_sampler(rng, self.process, self.rate_rps, self.cv)
         draw_prompt = self.prompt.int_sampler(rng)
@@ -125,6 +141,16 @@ class SyntheticWorkload:
             next_id += n_own
             yield spec(rid, t, p, o, hashes, block, tenant, model, o)
             rid += 1
+
+    def _with_classes(self, specs: Iterator[RequestSpec]) -> Iterator[RequestSpec]:
+        """Give each request a service class drawn (by weight, own generator) from ``classes``."""
+        rng = random.Random(f"tokenplane-classes:{self.seed}")
+        classes = self.classes
+        weights = [c.weight for c in classes]
+        replace = msgspec.structs.replace
+        for spec in specs:
+            c = rng.choices(classes, weights)[0]
+            yield replace(spec, priority=c.priority, latency_budget_s=c.latency_budget_s)
 
     def on_finished(self, spec: RequestSpec, finish_s: float, ok: bool) -> Sequence[RequestSpec]:
         return ()

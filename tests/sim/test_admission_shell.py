@@ -1,0 +1,220 @@
+"""The twin's admission layer: terminal outcomes, bounded queue, task-aware order, examples."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+from tokenplane.core.admission import PriorityClass
+from tokenplane.core.economics import TokenCosts
+from tokenplane.core.routing import build_router
+from tokenplane.core.task_admission import TaskAwareAdmission
+from tokenplane.core.views import RequestInfo, WorkflowContext
+from tokenplane.sim.admission_shell import AdmissionFleet
+from tokenplane.sim.engine import ContinuousEngine, EngineConfig, Seq
+from tokenplane.sim.faults import ClientSpec
+from tokenplane.sim.kernel import EventLoop
+from tokenplane.sim.records import InstanceRecord, TbtHistogram
+from tokenplane.sim.runner import run_scenario
+from tokenplane.sim.scenario import AdmissionSettings, parse_scenario
+from tokenplane.sim.workloads.base import RequestSpec
+
+DT = 0.01
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+PRICE = TokenCosts(1e-8, 1e-7)
+
+
+def make_fleet(
+    fakes: SimpleNamespace,
+    specs: Sequence[RequestSpec],
+    *,
+    engines: int = 1,
+    clients: ClientSpec | None = None,
+    **admission: Any,
+) -> tuple[AdmissionFleet, Any]:
+    loop = EventLoop()
+    tbt = TbtHistogram()
+    cfg = EngineConfig()
+    holder: list[AdmissionFleet] = []
+
+    def on_finish(seq: Seq, t: float) -> None:
+        holder[0].on_finish(seq, t)
+
+    engs = [
+        ContinuousEngine(
+            f"i{k}",
+            cfg,
+            fakes.ConstModel(DT),
+            schedule=loop.schedule,
+            schedule_late=loop.schedule_late,
+            on_finish=on_finish,
+            record=InstanceRecord(f"i{k}", "FAKE", "m", 1.0),
+            tbt=tbt,
+        )
+        for k in range(engines)
+    ]
+    workload = fakes.ListWorkload(list(specs))
+    fleet = AdmissionFleet(
+        loop=loop,
+        engines=engs,
+        router=build_router("least-requests", random.Random(0)),
+        workload=workload,
+        model="m",
+        block_size=cfg.block_size,
+        tbt=tbt,
+        clients=clients,
+        admission=AdmissionSettings(**admission),
+        prices={e.id: PRICE for e in engs},
+    )
+    holder.append(fleet)
+    return fleet, workload
+
+
+def spec(rid: int, t: float, out: int = 100, *, step: int = 0, total: int = 5, wf: str = "") -> RequestSpec:
+    ctx = WorkflowContext(wf or f"w{rid}", step=step, total_steps=total) if step else None
+    return RequestSpec(rid, t, 200, out, max_output_tokens=out, workflow=ctx)
+
+
+@pytest.mark.parametrize("policy", ["request-level", "task-aware"])
+def test_every_request_ends_exactly_once_and_the_queue_stays_bounded(
+    fakes: SimpleNamespace, policy: str
+) -> None:
+    rng = random.Random(1)
+    specs = [spec(i, i * 0.02, out=rng.randint(20, 400), step=1 + i % 5, wf=f"w{i // 5}") for i in range(400)]
+    fleet, workload = make_fleet(
+        fakes,
+        specs,
+        engines=2,
+        clients=ClientSpec(timeout_s=3.0),
+        policy=policy,
+        max_in_flight_per_instance=4,
+        queue={"max_depth": 16},
+        shedder={
+            "thresholds": {
+                "batch": {"max_queue_wait_s": 0.5},
+                "standard": {"max_queue_wait_s": 1.0},
+                "interactive": {"max_queue_wait_s": 2},
+            }
+        },
+    )
+    records = fleet.run().records
+    ended = Counter(rid for rid, _, _ in workload.finished)
+    assert sorted(ended) == list(range(400))
+    assert set(ended.values()) == {1}  # exactly once
+    assert all(r.ok or r.reason for r in records)  # none left without an outcome
+    assert fleet.max_queue_depth <= 16
+    assert not fleet._queued and fleet.queue.depth == 0
+    assert any(not r.ok for r in records)  # it was overloaded
+    assert all(e.view().outstanding_requests == 0 for e in fleet.engines)
+
+
+def _constructed_overload(fakes: SimpleNamespace, policy: str) -> dict[int, str]:
+    # One instance, one slot, a queue of one. A long request holds the slot; step 1 of a new task
+    # queues; then step 5 of a task that has already spent arrives.
+    specs = [
+        spec(0, 0.0, out=1000),
+        spec(1, 0.1, out=10, step=1),
+        spec(2, 0.2, out=10, step=5, wf="old"),
+    ]
+    fleet, _ = make_fleet(
+        fakes,
+        specs,
+        policy=policy,
+        max_in_flight_per_instance=1,
+        protect_density=3.0,
+        queue={"max_depth": 1},
+        value={"usd_per_million_tokens": 0.1},
+    )
+    fleet.spend["old"] = 4 * 300 * 0.1e-6  # four earlier steps of the same size
+    records = fleet.run().records
+    return {r.request_id: ("ok" if r.ok else r.reason) for r in records}
+
+
+def test_task_aware_sheds_new_cheap_work_before_the_fifth_step(fakes: SimpleNamespace) -> None:
+    assert _constructed_overload(fakes, "task-aware") == {0: "ok", 1: "evicted", 2: "ok"}
+
+
+def test_request_level_refuses_the_newcomer_whatever_its_step(fakes: SimpleNamespace) -> None:
+    assert _constructed_overload(fakes, "request-level") == {0: "ok", 1: "ok", 2: "queue_full"}
+
+
+def test_task_aware_policy_ranks_by_value_density() -> None:
+    policy = TaskAwareAdmission()
+
+    def info(step: int, sunk: float, deadline: float | None = None) -> RequestInfo:
+        wf = WorkflowContext("w", step=step, total_steps=5, sunk_cost_usd=sunk, deadline_s=deadline)
+        return RequestInfo("r", "m", 1000, 0, workflow=wf)
+
+    c = 1000 * 0.2e-6
+    new, late = info(1, 0.0), info(5, 4 * c)
+    assert policy.priority(new, now=0.0) is PriorityClass.STANDARD
+    assert policy.priority(late, now=0.0) is PriorityClass.INTERACTIVE
+    assert policy.victim(late, [new], now=0.0) is new
+    assert policy.victim(new, [late], now=0.0) is None
+    # not a universal rule: a late step past its workflow's deadline drops below new work
+    expired = info(5, 4 * c, deadline=1.0)
+    assert policy.priority(expired, now=2.0) is PriorityClass.BATCH
+    assert policy.victim(new, [expired], now=2.0) is expired
+
+
+def test_task_aware_retries_a_late_step_once(fakes: SimpleNamespace) -> None:
+    # Step 3 waits behind a long request until its client gives up; the task-aware shell retries it
+    # once (budgeted, after retry_delay_s), request-level lets the task end.
+    specs = [spec(0, 0.0, out=300), spec(1, 0.0, out=10, step=3, wf="w")]
+    outcomes = {}
+    for policy in ("request-level", "task-aware"):
+        fleet, _ = make_fleet(
+            fakes,
+            specs,
+            clients=ClientSpec(timeout_s=1.0),
+            policy=policy,
+            max_in_flight_per_instance=1,
+            retry_delay_s=2.5,
+            value={"usd_per_million_tokens": 0.1},
+        )
+        fleet.spend["w"] = 2 * 300 * 0.1e-6
+        records = fleet.run().records
+        (r1,) = [r for r in records if r.request_id == 1]
+        outcomes[policy] = (r1.ok, r1.reason, fleet.adm["task_retries"])
+    # step 3 expires in the queue at 1 s (its client's timeout) behind the 3 s request
+    assert outcomes["request-level"] == (False, "expired", 0)
+    assert outcomes["task-aware"] == (True, "", 1)
+
+
+def _short(name: str, **over: Any) -> dict[str, Any]:
+    raw = yaml.safe_load((EXAMPLES / name).read_text())
+    for k, v in over.items():
+        target = raw
+        keys = k.split(".")
+        for kk in keys[:-1]:
+            target = target[kk]
+        target[keys[-1]] = v
+    return raw
+
+
+def test_agentic_overload_example_smoke() -> None:
+    raw = _short("agentic-overload.yaml", duration_s=120.0, **{"workload.users": 120})
+    out = run_scenario(parse_scenario(raw))
+    assert set(out) == {"request-level", "task-aware"}
+    for o in out.values():
+        r = o.report
+        assert r["admission_policy"] == o.settings.name
+        assert r["tasks_completed"] > 0
+        assert r["economics"]["attributed_cost_usd"] == pytest.approx(r["gpu_cost_usd"], rel=1e-6)
+
+
+def test_seven_axis_example_smoke() -> None:
+    raw = _short("seven-axis.yaml", **{"workload.duration_s": 20.0, "workload.rate_rps": 10.0})
+    raw["runs"] = raw["runs"][:2]
+    out = run_scenario(parse_scenario(raw))
+    for o in out.values():
+        r = o.report
+        assert r["budget_goodput_rps"] is not None
+        assert set(r["budget_attainment_by_budget_s"]) == {"0.5", "2", "10"}
