@@ -266,3 +266,20 @@ def test_run_with_another_kind_of_workload_replaces_the_base_one() -> None:
     assert a.workload == {"type": "azure", "path": "azure.csv", "time_scale": 0.5}
     assert b.workload == {"type": "synthetic", "rate_rps": 5, "num_requests": 10}
     assert c.workload == {"type": "azure", "path": "azure.csv", "time_scale": 2.0}
+
+
+def test_autoscaler_utilisation_metric_is_validated() -> None:
+    base = {"fleet": {"instances": 2}, "workload": {"type": "synthetic", "rate_rps": 1, "num_requests": 1}}
+    run = {
+        "name": "h",
+        "autoscaler": {
+            "name": "hpa",
+            "utilisation_metric": "kv_usage",
+            "pool": {"max_instances": 2, "capacity_rps": 1},
+        },
+    }
+    sc = parse_scenario({**base, "runs": [run]})
+    assert sc.runs[0].autoscaler is not None and sc.runs[0].autoscaler.utilisation_metric == "kv_usage"
+    bad = {**run, "autoscaler": {**run["autoscaler"], "utilisation_metric": "cpu"}}
+    with pytest.raises(ScenarioError, match="utilisation_metric"):
+        parse_scenario({**base, "runs": [bad]})

@@ -190,6 +190,7 @@ class AutoscalingShell:
         self._finishes: deque[tuple[float, float | None, int]] = deque()  # (t, tpot, output tokens)
         self._last_t = 0.0
         self._last_busy = [0.0] * len(self.engines)
+        self._max_seqs = [getattr(getattr(e, "cfg", None), "max_num_seqs", 1) for e in self.engines]
         self._done_since_last = 0
         self._tokens_since_last = 0
         self.fleet_timeline: list[list[float]] = []
@@ -338,9 +339,16 @@ class AutoscalingShell:
             state = lc.state[i]
             b = e.busy_seconds(now)
             if state in (SERVING, ACTIVATING):
-                serving.append(e.view())
+                view = e.view()
+                serving.append(view)
                 if state == SERVING and span > 0:
-                    busy += min(1.0, max(0.0, (b - self._last_busy[i]) / span))
+                    metric = self.cfg.utilisation_metric
+                    if metric == "kv_usage":
+                        busy += view.kv_usage
+                    elif metric == "batch_fill":
+                        busy += min(1.0, view.running / max(1, self._max_seqs[i]))
+                    else:
+                        busy += min(1.0, max(0.0, (b - self._last_busy[i]) / span))
                     ready += 1
             self._last_busy[i] = b
         ttft_att, ttft_p90 = self._ttft(now)

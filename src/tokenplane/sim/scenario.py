@@ -183,6 +183,9 @@ class AutoscalerSettings(BaseModel):
     decision_interval_s: float = Field(15.0, gt=0)
     initial_serving: int | None = Field(None, ge=0)
     arrival_bucket_s: float = Field(15.0, gt=0)
+    # What "utilisation" means for utilisation-driven scalers (the HPA baseline): the GPU busy
+    # fraction (what nvidia-smi/DCGM report), the KV-cache use, or running / max_num_seqs.
+    utilisation_metric: Literal["busy", "kv_usage", "batch_fill"] = "busy"
     history_buckets: int = Field(120, gt=1)
     slo_window_s: float = Field(60.0, gt=0)
 
