@@ -14,12 +14,14 @@ dead instances (same port) before the next test that uses them.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,3 +152,108 @@ def _vllm_instances_alive(request: pytest.FixtureRequest) -> None:
 @pytest.fixture(scope="session")
 def vllm_endpoints(vllm_instances: list[VllmProcess]) -> list[VllmEndpoint]:
     return [s.endpoint for s in vllm_instances]
+
+
+# --- The gateway, in-process, in front of the real instances (tests/integration/test_gateway_vllm.py) --
+
+GATEWAY_KEY = "sk-integration-tenant"
+GATEWAY_ALIAS = "tiny-chat"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class VllmGateway:
+    """The gateway under ``aiohttp.test_utils.TestServer`` (as tests/gateway run it), instance ids
+    ``vllm-0``, ``vllm-1`` in the order of `vllm_endpoints`; one tenant whose raw key is ``key``."""
+
+    def __init__(self, server: Any, http: Any, endpoints: list[VllmEndpoint]) -> None:
+        self.server = server
+        self.http = http
+        self.endpoints = endpoints
+        self.ids = [f"vllm-{i}" for i in range(len(endpoints))]
+        self.key = GATEWAY_KEY
+        self.alias = GATEWAY_ALIAS
+        self.clients: list[Any] = []
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
+
+    def client(self, timeout: float = 60.0) -> Any:
+        import openai
+
+        c = openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=self.key, max_retries=0, timeout=timeout)
+        self.clients.append(c)
+        return c
+
+    async def _get(self, path: str) -> Any:
+        async with self.http.get(self.url + path, headers={"Authorization": f"Bearer {self.key}"}) as r:
+            assert r.status == 200, f"{path}: {r.status} {await r.text()}"
+            return await r.json() if r.content_type == "application/json" else await r.text()
+
+    async def instances(self) -> dict[str, dict[str, Any]]:
+        """``GET /v1/instances`` keyed by instance id."""
+        return {d["instance_id"]: d for d in (await self._get("/v1/instances"))["data"]}
+
+    async def health(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self._get("/health")
+        return result
+
+    async def requests_by_reason(self) -> dict[tuple[str, str], float]:
+        """``tokenplane_requests_total`` from the gateway's ``/metrics``, keyed by (outcome, reason)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        out: dict[tuple[str, str], float] = {}
+        for fam in text_string_to_metric_families(await self._get("/metrics")):
+            for s in fam.samples:
+                if s.name == "tokenplane_requests_total":
+                    key = (s.labels["outcome"], s.labels["reason"])
+                    out[key] = out.get(key, 0.0) + s.value
+        return out
+
+
+def vllm_gateway_config(endpoints: list[VllmEndpoint], model: str) -> dict[str, Any]:
+    from tokenplane.gateway import hash_key
+
+    return {
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "tenants": [{"name": "integration", "priority": "interactive", "api_keys": [hash_key(GATEWAY_KEY)]}],
+        "models": [{"name": model, "aliases": [GATEWAY_ALIAS], "router": {"name": "prefix-affinity"}}],
+        "instances": [
+            {"id": f"vllm-{i}", "url": ep.url, "model": model, "kind": "vllm", "gpu": "cpu"}
+            for i, ep in enumerate(endpoints)
+        ],
+        "scrape": {"interval_s": 0.5},
+        "health": {"interval_s": 1.0, "failures_to_down": 2, "timeout_s": 2.0},
+    }
+
+
+@pytest.fixture
+async def vllm_gateway(
+    anyio_backend: str, vllm_endpoints: list[VllmEndpoint], vllm_model: str
+) -> AsyncIterator[VllmGateway]:
+    """A fresh gateway (empty prefix index) per test, in the test's event loop, returned once it has
+    scraped every instance at least once."""
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from tokenplane.gateway import create_app, parse_config
+
+    config = parse_config(vllm_gateway_config(vllm_endpoints, vllm_model))
+    server = TestServer(create_app(config), host="127.0.0.1", port=0)
+    await server.start_server()
+    gw = VllmGateway(server, aiohttp.ClientSession(), vllm_endpoints)
+    try:
+        deadline = time.monotonic() + 10
+        while not all(d["scraped_at"] for d in (await gw.instances()).values()):
+            assert time.monotonic() < deadline, "the gateway never scraped the instances"
+            await asyncio.sleep(0.05)
+        yield gw
+    finally:
+        for c in gw.clients:
+            await c.close()
+        await gw.http.close()
+        await server.close()

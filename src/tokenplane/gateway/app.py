@@ -36,16 +36,18 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from tokenplane.core.admission import AdmissionQueue
+from tokenplane.core.admission import AdmissionQueue, PriorityClass
 from tokenplane.core.breaker import BreakerState
 from tokenplane.core.outcomes import AttemptOutcome, AttemptResult
 from tokenplane.core.retry_budget import AttemptKind
 from tokenplane.core.shedding import LoadShedder
 from tokenplane.core.views import InstanceId, RequestInfo, RouteDecision
+from tokenplane.core.workflow_hints import WorkflowHints
 from tokenplane.gateway.admission import PRIORITY_HEADER, AdmissionMetrics, PoolAdmission, priority_for
 from tokenplane.gateway.catalog import ModelCatalog, ServedModel
 from tokenplane.gateway.config import GatewayConfig, LimitsConfig
 from tokenplane.gateway.continuation import StreamSplicer, can_continue, continuation_body
+from tokenplane.gateway.economics import CostModel, EconomicsMetrics
 from tokenplane.gateway.errors import (
     BodyTooLarge,
     GatewayError,
@@ -58,8 +60,10 @@ from tokenplane.gateway.errors import (
 )
 from tokenplane.gateway.hashing import BlockHasher
 from tokenplane.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from tokenplane.gateway.path_metrics import PathMetrics
 from tokenplane.gateway.proxy import (
     OUTCOME_CLIENT_GONE,
+    OUTCOME_OK,
     OUTCOME_UPSTREAM_REJECTED,
     Exchange,
     open_upstream,
@@ -69,7 +73,9 @@ from tokenplane.gateway.proxy import (
 from tokenplane.gateway.request import ASSUMED_OUTPUT_TOKENS, Endpoint, ParsedRequest, parse_request
 from tokenplane.gateway.resilience import Resilience
 from tokenplane.gateway.tenants import Authenticator, Tenant
+from tokenplane.gateway.tracing import Tracing
 from tokenplane.gateway.upstreams import Upstream, UpstreamPool
+from tokenplane.gateway.workflows import AttemptLog, Workflows
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +97,12 @@ class Gateway:
         self.catalog = ModelCatalog(config.models, rng or random.Random())
         self.pool = UpstreamPool(config.instances, config.scrape, config.health, on_down=self._forget)
         self.metrics = GatewayMetrics(self.pool.all)
+        self.path_metrics = PathMetrics(self.metrics.registry)
+        self.economics = EconomicsMetrics(self.metrics.registry)
+        served = {m.name: m.served_name for m in config.models}
+        self.workflows = Workflows(config.ledger, CostModel(config.ledger, served), self.economics)
+        self._ledger_on = config.ledger.enabled
+        self.tracing: Tracing | None = Tracing.from_config(config.tracing)
         self.resilience = Resilience(
             config.retry, config.breaker, self.metrics.registry, lambda: (u.id for u in self.pool)
         )
@@ -130,6 +142,8 @@ class Gateway:
         )
         await self.pool.start(self.session)
         self._housekeeping = asyncio.create_task(self._housekeep())
+        if self._ledger_on:
+            await self.workflows.start()
 
     async def stop(self) -> None:
         if self._housekeeping is not None:
@@ -138,6 +152,9 @@ class Gateway:
                 await self._housekeeping
             self._housekeeping = None
         await self.pool.stop()
+        await self.workflows.stop()
+        if self.tracing is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown)
         if self.session is not None:
             await self.session.close()
             self.session = None
@@ -193,7 +210,14 @@ class Gateway:
     def resolve(self, parsed: ParsedRequest, tenant: Tenant) -> ServedModel:
         return self.catalog.resolve(parsed.model, tenant)
 
-    def describe(self, parsed: ParsedRequest, model: ServedModel, tenant: Tenant, now: float) -> RequestInfo:
+    def describe(
+        self,
+        parsed: ParsedRequest,
+        model: ServedModel,
+        tenant: Tenant,
+        now: float,
+        hints: WorkflowHints | None = None,
+    ) -> RequestInfo:
         return RequestInfo(
             request_id=self._id_prefix + str(next(self._ids)),
             model=model.name,
@@ -201,8 +225,9 @@ class Gateway:
             max_output_tokens=parsed.max_tokens or ASSUMED_OUTPUT_TOKENS,
             block_hashes=self.hasher.hashes(parsed.prompt_text),
             tenant=tenant.name,
-            priority=tenant.priority,
+            priority=tenant.priority if hints is None else hints.priority,
             arrival_s=now,
+            workflow=None if hints is None else hints.workflow,
         )
 
     def route(
@@ -229,13 +254,20 @@ class Gateway:
             return max(NO_INSTANCE_RETRY_AFTER_S, board.config.cooldown_s)
         return NO_INSTANCE_RETRY_AFTER_S
 
-    async def _open(self, upstream: Upstream, url: Any, body: bytes, timeout_s: float | None) -> Any:
+    async def _open(
+        self,
+        upstream: Upstream,
+        url: Any,
+        body: bytes,
+        timeout_s: float | None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
         assert self.session is not None, "the gateway is not started"
         if timeout_s is None:
-            return await open_upstream(self.session, upstream, url, body)
+            return await open_upstream(self.session, upstream, url, body, headers)
         try:
             async with asyncio.timeout(max(0.0, timeout_s)):
-                return await open_upstream(self.session, upstream, url, body)
+                return await open_upstream(self.session, upstream, url, body, headers)
         except TimeoutError:
             raise UpstreamTimeout(f"instance {upstream.id} sent no response headers in time") from None
 
@@ -249,6 +281,7 @@ class Gateway:
         ex: Exchange,
         splicer: StreamSplicer | None,
         first_byte_s: float | None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[AttemptOutcome, web.StreamResponse | None, GatewayError | None]:
         """One attempt on one instance: (its outcome, the client response if it produced one, its error).
 
@@ -271,7 +304,7 @@ class Gateway:
         try:
             url = upstream.chat_url if parsed.endpoint == "chat" else upstream.completions_url
             try:
-                resp = await self._open(upstream, url, body, first_byte_s)
+                resp = await self._open(upstream, url, body, first_byte_s, headers)
                 if resp.status != 200:
                     out = await rejection(resp, upstream)  # raises for 5xx and non-OpenAI 4xx
                     ex.outcome = OUTCOME_UPSTREAM_REJECTED
@@ -317,6 +350,76 @@ class Gateway:
                     resp.close()  # closes the connection: the instance sees the client go and aborts
             upstream.end(tokens)
             model.router.on_finished(info, upstream.id, now=time.monotonic())
+
+    async def accounted_attempt(
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        body: bytes,
+        model: ServedModel,
+        upstream: Upstream,
+        ex: Exchange,
+        splicer: StreamSplicer | None,
+        first_byte_s: float | None,
+        kind: AttemptKind,
+        number: int,
+    ) -> tuple[AttemptOutcome, web.StreamResponse | None, GatewayError | None]:
+        """:meth:`attempt`, with its span, its upstream-duration metrics and its ledger record."""
+        info = ex.info
+        assert info is not None
+        trace = ex.trace
+        base = splicer.delivered_tokens if splicer is not None else 0
+        tokens_in = info.prompt_tokens + base
+        span = None
+        headers = None
+        if trace is not None:
+            name = "tokenplane.continuation" if kind is AttemptKind.CONTINUATION else "tokenplane.upstream"
+            span = trace.start(
+                name,
+                client=True,
+                tokenplane__instance=upstream.id,
+                tokenplane__attempt__number=number,
+                tokenplane__attempt__kind=kind.value,
+                tokenplane__tokens__prompt=tokens_in,
+            )
+            headers = trace.headers(span)
+        started = time.monotonic()
+        outcome: AttemptOutcome | None = None
+        out: web.StreamResponse | None = None
+        error: GatewayError | None = None
+        reason = OUTCOME_CLIENT_GONE
+        try:
+            outcome, out, error = await self.attempt(
+                request, parsed, body, model, upstream, ex, splicer, first_byte_s, headers
+            )
+            return outcome, out, error
+        except GatewayError as exc:
+            reason = exc.outcome
+            raise
+        finally:
+            duration = time.monotonic() - started
+            ok = outcome is not None and error is None and out is not None and ex.outcome == OUTCOME_OK
+            if outcome is not None:
+                reason = error.outcome if error is not None else ex.outcome
+            if splicer is not None:
+                delivered = max(0, splicer.delivered_tokens - base)
+                tokens_out = outcome.tokens_delivered if outcome is not None else delivered
+                first = outcome.latency_s if outcome is not None else None
+            else:
+                tokens_out = ex.completion_tokens if ok else 0
+                first = None
+            self.path_metrics.attempt(model.name, upstream.id, duration, tokens_out, first)
+            cost = 0.0
+            if ex.ledger is not None:
+                cost = ex.ledger.done(info, upstream.config, tokens_in, tokens_out, ok, reason)
+            if trace is not None and span is not None:
+                trace.end(
+                    span,
+                    error=None if ok else reason,
+                    tokenplane__attempt__result=outcome.result.value if outcome is not None else reason,
+                    tokenplane__tokens__output=tokens_out,
+                    tokenplane__cost_usd=cost,
+                )
 
     @staticmethod
     def _outcome(
@@ -367,18 +470,24 @@ class Gateway:
                 ttft_left = deadline_s - now if (splicer is None or not splicer.delivered_tokens) else None
                 if ttft_left is not None and ttft_left <= 0 and error is not None:
                     break  # nothing delivered and the latency budget is spent: no retry
+                trace = ex.trace
+                rspan = trace.start("tokenplane.route") if trace is not None else None
                 try:
                     upstream, decision = self.route(info, model, now, attempt.exclude)
                 except NoHealthyInstance as exc:
+                    if trace is not None and rspan is not None:
+                        trace.end(rspan, error=exc.message)
                     if error is None:
                         error = exc
                     break
                 ex.reason = decision.reason.value
+                if trace is not None and rspan is not None:
+                    trace.end(rspan, tokenplane__instance=upstream.id, tokenplane__route__reason=ex.reason)
                 cap = first_byte_cap
                 if ttft_left is not None:
                     cap = ttft_left if cap is None else min(cap, ttft_left)
-                outcome, out, error = await self.attempt(
-                    request, parsed, raw, model, upstream, ex, splicer, cap
+                outcome, out, error = await self.accounted_attempt(
+                    request, parsed, raw, model, upstream, ex, splicer, cap, attempt.kind, attempt.number
                 )
                 if error is None and out is not None:
                     plan.close()
@@ -413,31 +522,62 @@ class Gateway:
         acquired = False
         pool: PoolAdmission | None = None
         info: RequestInfo | None = None
+        tracing = self.tracing
+        tr = None if tracing is None else tracing.begin(request.headers, request.method, request.path)
+        ex.trace = tr
         try:
+            span = tr.start("tokenplane.authenticate") if tr is not None else None
             tenant = self.authenticate(request)
             ex.tenant = tenant.name
+            if tr is not None and span is not None:
+                tr.end(span, tokenplane__tenant=tenant.name)
             parsed = parse_request(await self.read_body(request), endpoint, self.limits)
             ex.stream = parsed.stream
             model = self.resolve(parsed, tenant)
             ex.model = model.name
+            hints = self.workflows.hints(request.headers, parsed.body, tenant, now)
             tenant.acquire()
             acquired = True
-            info = ex.info = self.describe(parsed, model, tenant, now)
+            info = ex.info = self.describe(parsed, model, tenant, now, hints)
+            if self._ledger_on:
+                ex.ledger = AttemptLog(self.workflows)
+            if tr is not None:
+                wf = info.workflow
+                tr.set(
+                    tokenplane__tenant=tenant.name,
+                    tokenplane__model=model.name,
+                    tokenplane__stream=parsed.stream,
+                    tokenplane__request_id=info.request_id,
+                    tokenplane__workflow__id=wf.workflow_id if wf is not None else None,
+                    tokenplane__workflow__step=wf.step if wf is not None else None,
+                    tokenplane__tokens__prompt=info.prompt_tokens,
+                )
             pool = self.admission[model.name]
             if pool.free() <= 0 and pool.capacity() <= 0:
                 raise NoHealthyInstance(
                     f"no healthy instance serves {model.name!r} right now",
                     retry_after_s=self._retry_after(model.name, now),
                 )
-            header = request.headers.get(PRIORITY_HEADER)
-            priority = priority_for(tenant.priority, header, tenant.allow_priority_raise)
+            if hints is not None and hints.requested_priority is not None:
+                priority = PriorityClass.from_value(hints.priority)
+            else:
+                header = request.headers.get(PRIORITY_HEADER)
+                priority = priority_for(tenant.priority, header, tenant.allow_priority_raise)
+            aspan = None
+            if tr is not None:
+                aspan = tr.start("tokenplane.admission", tokenplane__priority=priority.label)
+            admit_s = time.monotonic()
             deadline = await pool.admit(info, priority, now)
+            if tr is not None and aspan is not None:
+                tr.end(aspan, tokenplane__queue_wait_s=time.monotonic() - admit_s)
             try:
                 return await self.forward(request, parsed, model, tenant, ex, deadline)
             finally:
                 pool.release(info)
         except GatewayError as exc:
             ex.outcome = exc.outcome
+            if tr is not None:
+                tr.set(http__response__status_code=exc.status)
             return error_response(exc)
         except BaseException as exc:
             if not isinstance(exc, Exception):  # cancelled: the client went away
@@ -451,9 +591,14 @@ class Gateway:
                 tenant.release()
             if ex.ttft_s is not None:
                 self.metrics.first_token(ex.model, ex.ttft_s)
-            self.metrics.request_done(
-                ex.model, ex.tenant, ex.outcome, ex.reason, time.monotonic() - now, ex.stream
-            )
+            elapsed = time.monotonic() - now
+            self.metrics.request_done(ex.model, ex.tenant, ex.outcome, ex.reason, elapsed, ex.stream)
+            if ex.outcome == OUTCOME_OK:
+                self.path_metrics.request(ex.model, ex.tenant, elapsed)
+            if ex.ledger is not None:
+                ex.ledger.finish(failed=ex.outcome not in (OUTCOME_OK, OUTCOME_CLIENT_GONE))
+            if tr is not None:
+                tr.finish(ex.outcome)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self.completions(request, "chat")
@@ -475,7 +620,23 @@ class Gateway:
         return web.Response(body=_encode(body), content_type="application/json")
 
     async def prometheus(self, request: web.Request) -> web.Response:
+        await self.workflows.refresh()
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def workflow(self, request: web.Request) -> web.Response:
+        try:
+            tenant = self.authenticate(request)
+            return await self.workflows.show(request.match_info["workflow_id"], tenant)
+        except GatewayError as exc:
+            return error_response(exc)
+
+    async def workflow_outcome(self, request: web.Request) -> web.Response:
+        try:
+            tenant = self.authenticate(request)
+            raw = await self.read_body(request)
+            return await self.workflows.set_outcome(request.match_info["workflow_id"], tenant, raw)
+        except GatewayError as exc:
+            return error_response(exc)
 
     async def instances(self, request: web.Request) -> web.Response:
         now = time.monotonic()
@@ -525,6 +686,8 @@ def create_app(config: GatewayConfig, *, rng: random.Random | None = None) -> we
         ("GET", "/v1/instances", gw.instances),
         ("GET", "/health", gw.health),
         ("GET", "/metrics", gw.prometheus),
+        ("GET", "/v1/workflows/{workflow_id}", gw.workflow),
+        ("POST", "/v1/workflows/{workflow_id}/outcome", gw.workflow_outcome),
     ]
     for method, path, handler in routes:
         app.router.add_route(method, path, handler)

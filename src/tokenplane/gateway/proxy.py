@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import aiohttp
 import msgspec
@@ -35,6 +36,10 @@ from tokenplane.gateway.errors import (
     error_event,
 )
 from tokenplane.gateway.upstreams import Upstream
+
+if TYPE_CHECKING:
+    from tokenplane.gateway.tracing import RequestTrace
+    from tokenplane.gateway.workflows import AttemptLog
 
 MAX_PENDING_EVENT_BYTES = 4 << 20
 """An upstream event longer than this without a terminating blank line is treated as malformed."""
@@ -72,11 +77,13 @@ class Exchange:
         "completion_tokens",
         "events_sent",
         "info",
+        "ledger",
         "model",
         "outcome",
         "reason",
         "stream",
         "tenant",
+        "trace",
         "ttft_s",
         "upstream",
     )
@@ -93,14 +100,24 @@ class Exchange:
         self.ttft_s: float | None = None
         self.events_sent = 0
         self.completion_tokens = 0
+        self.trace: RequestTrace | None = None  # set when tracing is on
+        self.ledger: AttemptLog | None = None  # set when the workflow ledger is on
 
 
 async def open_upstream(
-    session: aiohttp.ClientSession, upstream: Upstream, url: URL, body: bytes
+    session: aiohttp.ClientSession,
+    upstream: Upstream,
+    url: URL,
+    body: bytes,
+    extra_headers: Mapping[str, str] | None = None,
 ) -> aiohttp.ClientResponse:
-    """Send the request; the caller owns (and must close or release) the response."""
+    """Send the request; the caller owns (and must close or release) the response.
+
+    ``extra_headers`` (trace context) are added to the instance's own headers.
+    """
+    headers = upstream.headers if not extra_headers else {**upstream.headers, **extra_headers}
     try:
-        return await session.post(url, data=body, headers=upstream.headers)
+        return await session.post(url, data=body, headers=headers)
     except TimeoutError:
         raise UpstreamTimeout(f"instance {upstream.id} did not answer in time") from None
     except (aiohttp.ClientError, OSError) as exc:

@@ -47,12 +47,15 @@ class AsyncLedger:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn, *args)
 
-    async def _submit(self, write: LedgerWrite) -> WorkflowSummary:
+    def _enqueue(self, write: LedgerWrite) -> asyncio.Future[WorkflowSummary]:
         fut: asyncio.Future[WorkflowSummary] = asyncio.get_running_loop().create_future()
         self._pending.append((write, fut))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
-        return await fut
+        return fut
+
+    async def _submit(self, write: LedgerWrite) -> WorkflowSummary:
+        return await self._enqueue(write)
 
     async def _flush(self) -> None:
         # Yield once so that writes submitted in the same loop iteration join this batch.
@@ -81,6 +84,11 @@ class AsyncLedger:
     async def record_attempt(self, **fields: Any) -> WorkflowSummary:
         """Same keywords as :meth:`LedgerStore.record_attempt`."""
         return await self._submit(BaseLedger.attempt(**fields))
+
+    def record_attempt_nowait(self, **fields: Any) -> asyncio.Future[WorkflowSummary]:
+        """:meth:`record_attempt` without waiting (for a request path that must not): validated here,
+        committed with the next batch; the caller owns the future (and must read its exception)."""
+        return self._enqueue(BaseLedger.attempt(**fields))
 
     async def record_outcome(
         self, workflow_id: str, tenant: str, outcome: str | TaskOutcome, t: float, *, reason: str = "client"

@@ -1,0 +1,149 @@
+"""OpenTelemetry spans for each request, exported over OTLP/HTTP when ``tracing.otlp_endpoint`` is set.
+
+One trace per completion request (a child of the client's ``traceparent`` when it sent one, W3C
+trace context); spans, all children of the request's span:
+
+* ``POST /v1/chat/completions`` (kind SERVER): the whole request; ``tokenplane.tenant``,
+  ``tokenplane.model``, ``tokenplane.outcome``, ``tokenplane.stream``, ``http.response.status_code``,
+  the workflow's id and step when it has one, ``tokenplane.tokens.prompt`` / ``.output``.
+* ``tokenplane.authenticate``: API key to tenant.
+* ``tokenplane.admission``: the admission decision, ``tokenplane.queue_wait_s`` (0 when admitted at
+  once) and ``tokenplane.priority``.
+* ``tokenplane.route``: one per routing decision (a retry routes again): ``tokenplane.instance`` and
+  ``tokenplane.route.reason``.
+* ``tokenplane.upstream`` (kind CLIENT) per upstream attempt, or ``tokenplane.continuation`` for an
+  attempt that continues a broken stream: ``tokenplane.instance``, ``tokenplane.attempt.number``,
+  ``tokenplane.attempt.kind`` (first, retry, continuation), ``tokenplane.attempt.result``,
+  ``tokenplane.tokens.prompt`` / ``.output``, ``tokenplane.cost_usd``; error status when it failed.
+  Its context goes to the instance as ``traceparent`` (vLLM continues the trace when it traces).
+
+The gateway keeps its own :class:`TracerProvider` (never the process-global one), sampled
+``ParentBased(TraceIdRatioBased(sample_ratio))``. With tracing off, ``Gateway.tracing`` is ``None``
+and the request path pays one ``is not None`` test per stage. Spans left open by an exception are
+ended, with error status, when the request ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from tokenplane.gateway.config import TracingConfig
+
+__all__ = ["RequestTrace", "Tracing", "otlp_traces_url"]
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def otlp_traces_url(endpoint: str) -> str:
+    """The collector's base URL gets ``/v1/traces``; a URL with a path is used as it is."""
+    path = urlsplit(endpoint).path
+    return endpoint if path not in ("", "/") else endpoint.rstrip("/") + "/v1/traces"
+
+
+class Tracing:
+    """The gateway's tracer; :meth:`begin` one :class:`RequestTrace` per request."""
+
+    def __init__(self, config: TracingConfig, *, exporter: SpanExporter | None = None) -> None:
+        self.config = config
+        self.provider = TracerProvider(
+            resource=Resource.create({"service.name": config.service_name}),
+            sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),
+        )
+        if exporter is not None:
+            self.provider.add_span_processor(SimpleSpanProcessor(exporter))
+        if config.otlp_endpoint:
+            try:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            except ImportError as exc:  # pragma: no cover - depends on the install
+                raise RuntimeError(
+                    "tracing.otlp_endpoint needs the OTLP exporter: pip install 'tokenplane[otel]'"
+                ) from exc
+
+            otlp = OTLPSpanExporter(endpoint=otlp_traces_url(config.otlp_endpoint))
+            self.provider.add_span_processor(BatchSpanProcessor(otlp))
+        self.tracer = self.provider.get_tracer("tokenplane.gateway")
+
+    @classmethod
+    def from_config(cls, config: TracingConfig) -> Tracing | None:
+        return cls(config) if config.otlp_endpoint else None
+
+    def begin(self, headers: Mapping[str, str], method: str, path: str) -> RequestTrace:
+        parent = _PROPAGATOR.extract(headers)
+        root = self.tracer.start_span(
+            f"{method} {path}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={"http.request.method": method, "url.path": path},
+        )
+        return RequestTrace(self, root)
+
+    def shutdown(self) -> None:
+        """Flush and stop (blocking: the OTLP exporter may send; run it off the event loop)."""
+        self.provider.shutdown()
+
+
+class RequestTrace:
+    """One request's spans; every child hangs off the request's span."""
+
+    __slots__ = ("_ctx", "_open", "_tracer", "root")
+
+    def __init__(self, tracing: Tracing, root: Span) -> None:
+        self._tracer = tracing.tracer
+        self.root = root
+        self._ctx: Context = set_span_in_context(root)
+        self._open: list[Span] = []
+
+    def start(self, name: str, *, client: bool = False, **attributes: Any) -> Span:
+        span = self._tracer.start_span(
+            name,
+            context=self._ctx,
+            kind=SpanKind.CLIENT if client else SpanKind.INTERNAL,
+            attributes={k.replace("__", "."): v for k, v in attributes.items() if v is not None},
+        )
+        self._open.append(span)
+        return span
+
+    def end(self, span: Span, error: str | None = None, **attributes: Any) -> None:
+        for k, v in attributes.items():
+            if v is not None:
+                span.set_attribute(k.replace("__", "."), v)
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end()
+        with contextlib.suppress(ValueError):
+            self._open.remove(span)
+
+    @staticmethod
+    def headers(span: Span) -> dict[str, str]:
+        """``traceparent`` (and ``tracestate``) naming ``span``, for the upstream request."""
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier, context=set_span_in_context(span))
+        return carrier
+
+    def set(self, **attributes: Any) -> None:
+        for k, v in attributes.items():
+            if v is not None:
+                self.root.set_attribute(k.replace("__", "."), v)
+
+    def finish(self, outcome: str) -> None:
+        """End the request's span (and any child an exception left open) with the request's outcome."""
+        for span in list(self._open):
+            self.end(span, error=outcome)
+        root = self.root
+        root.set_attribute("tokenplane.outcome", outcome)
+        if outcome != "ok":
+            root.set_status(Status(StatusCode.ERROR, outcome))
+        elif root.is_recording():
+            root.set_attribute("http.response.status_code", 200)
+        root.end()
