@@ -307,10 +307,12 @@ class StreamSplicer:
             if self.head is not None:
                 obj.update(self.head)
             if type(usage) is dict:
-                if has_choice:  # continuous usage stats: the running total over the attempts
-                    ct = usage.get("completion_tokens")
-                    if type(ct) is int:
-                        self.delivered_tokens = base_tokens + ct
+                # The upstream's own count for this attempt (continuous usage stats, or the final
+                # usage chunk) beats counting content chunks: a runtime's detokeniser may hold a
+                # token back and send two in one chunk.
+                ct = usage.get("completion_tokens")
+                if type(ct) is int:
+                    self.delivered_tokens = base_tokens + ct
                 obj["usage"] = self._usage(usage, base_tokens)
             out.append(b"data: " + _encode(obj) + b"\n\n")
         return b"".join(out), n
