@@ -40,15 +40,13 @@ from aiohttp import web
 from tokenplane.gateway.errors import (
     GatewayError,
     UpstreamProtocolError,
-    UpstreamTimeout,
-    UpstreamUnavailable,
     error_event,
 )
 from tokenplane.gateway.proxy import (
-    MAX_PENDING_EVENT_BYTES,
     OUTCOME_CLIENT_GONE,
     SSE_HEADERS,
     Exchange,
+    SseReader,
     scan_events,
 )
 from tokenplane.gateway.request import ParsedRequest
@@ -209,39 +207,21 @@ class StreamSplicer:
         self.attempts += 1
         splice = self.digested
         started = time.monotonic()
-        pending = b""
         done = False
         tokens = 0
         first_s: float | None = None
         failure: GatewayError | None = None
         base_tokens = self.delivered_tokens
-        content = resp.content
+        reader = SseReader(resp, upstream.id)
         try:
             out = await self._prepare()
             while not done:
-                try:
-                    data = await content.readany()
-                except TimeoutError:
-                    failure = UpstreamTimeout(f"instance {upstream.id} stalled mid-stream")
+                got = await reader.next_batch()
+                if isinstance(got, GatewayError):
+                    failure = got
                     break
-                except (aiohttp.ClientError, OSError) as exc:
-                    failure = UpstreamUnavailable(
-                        f"instance {upstream.id} broke the stream: {type(exc).__name__}"
-                    )
-                    break
-                if not data:
-                    failure = UpstreamProtocolError(f"instance {upstream.id} closed the stream before [DONE]")
-                    break
-                buf = pending + data if pending else data
-                end = buf.rfind(b"\n\n") + 2
-                if end < 2:
-                    if len(buf) > MAX_PENDING_EVENT_BYTES:
-                        failure = UpstreamProtocolError(f"instance {upstream.id} sent an unterminated event")
-                        break
-                    pending = buf
-                    continue
+                buf, end = got
                 fwd, done, n, _span, malformed = scan_events(buf, end)
-                pending = buf[end:] if not done else b""
                 if fwd:
                     chunk = buf[:fwd] if fwd < len(buf) else buf
                     if splice:

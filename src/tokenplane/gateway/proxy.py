@@ -201,6 +201,43 @@ def scan_events(buf: bytes, end: int) -> tuple[int, bool, int, tuple[int, int] |
     return end, False, n, last, False
 
 
+class SseReader:
+    """Whole server-sent events from an upstream response, one batch per read.
+
+    ``next_batch`` returns ``(buf, end)`` where ``buf[:end]`` holds complete events (a partial one
+    at the end stays for the next read), or the error that ended the stream.
+    """
+
+    __slots__ = ("_content", "_pending", "_upstream_id")
+
+    def __init__(self, resp: aiohttp.ClientResponse, upstream_id: str) -> None:
+        self._content = resp.content
+        self._upstream_id = upstream_id
+        self._pending = b""
+
+    async def next_batch(self) -> tuple[bytes, int] | GatewayError:
+        uid = self._upstream_id
+        while True:
+            try:
+                data = await self._content.readany()
+            except TimeoutError:
+                return UpstreamTimeout(f"instance {uid} stalled mid-stream")
+            except (aiohttp.ClientError, OSError) as exc:
+                return UpstreamUnavailable(f"instance {uid} broke the stream: {type(exc).__name__}")
+            if not data:
+                return UpstreamProtocolError(f"instance {uid} closed the stream before [DONE]")
+            pending = self._pending
+            buf = pending + data if pending else data
+            end = buf.rfind(b"\n\n") + 2
+            if end < 2:
+                if len(buf) > MAX_PENDING_EVENT_BYTES:
+                    return UpstreamProtocolError(f"instance {uid} sent an unterminated event")
+                self._pending = buf
+                continue
+            self._pending = buf[end:]
+            return buf, end
+
+
 async def relay_stream(
     request: web.Request,
     resp: aiohttp.ClientResponse,
@@ -213,38 +250,20 @@ async def relay_stream(
     """
     out = web.StreamResponse(headers=SSE_HEADERS)
     await out.prepare(request)
-    pending = b""
     last_payload = b""
     failure: GatewayError | None = None
     done = False
-    content = resp.content
+    reader = SseReader(resp, upstream.id)
     try:
         while not done:
-            try:
-                data = await content.readany()
-            except TimeoutError:
-                failure = UpstreamTimeout(f"instance {upstream.id} stalled mid-stream")
+            got = await reader.next_batch()
+            if isinstance(got, GatewayError):
+                failure = got
                 break
-            except (aiohttp.ClientError, OSError) as exc:
-                failure = UpstreamUnavailable(
-                    f"instance {upstream.id} broke the stream: {type(exc).__name__}"
-                )
-                break
-            if not data:
-                failure = UpstreamProtocolError(f"instance {upstream.id} closed the stream before [DONE]")
-                break
-            buf = pending + data if pending else data
-            end = buf.rfind(b"\n\n") + 2
-            if end < 2:
-                if len(buf) > MAX_PENDING_EVENT_BYTES:
-                    failure = UpstreamProtocolError(f"instance {upstream.id} sent an unterminated event")
-                    break
-                pending = buf
-                continue
+            buf, end = got
             fwd, done, n, span, malformed = scan_events(buf, end)
             if span is not None:
                 last_payload = buf[span[0] : span[1]]
-            pending = buf[end:] if not done else b""
             if fwd:
                 await out.write(buf[:fwd] if fwd < len(buf) else buf)
                 if n and ex.ttft_s is None:
@@ -275,6 +294,7 @@ __all__ = [
     "OUTCOME_OK",
     "OUTCOME_UPSTREAM_REJECTED",
     "Exchange",
+    "SseReader",
     "UpstreamError",
     "open_upstream",
     "rejection",
