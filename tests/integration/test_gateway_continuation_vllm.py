@@ -14,8 +14,8 @@ openai = pytest.importorskip("openai", reason="the openai client is needed (dev 
 
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio]
 
-KILL_AFTER_CHUNKS = 8
-MAX_TOKENS = 1024  # long enough (~1-2 s on the tiny model) that the kill lands mid-decode
+KILL_AFTER_CHUNKS = 3
+MAX_TOKENS = 1900  # long enough (several seconds on the tiny model) that the kill lands mid-decode
 
 
 async def test_zz_sigkill_mid_decode_stream_completes_on_the_other(vllm_gateway, vllm_instances) -> None:

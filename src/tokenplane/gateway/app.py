@@ -47,6 +47,7 @@ from tokenplane.gateway.admission import PRIORITY_HEADER, AdmissionMetrics, Pool
 from tokenplane.gateway.catalog import ModelCatalog, ServedModel
 from tokenplane.gateway.config import GatewayConfig, LimitsConfig
 from tokenplane.gateway.continuation import StreamSplicer, can_continue, continuation_body
+from tokenplane.gateway.deferral import DeferralRoom, wants_deferral
 from tokenplane.gateway.economics import CostModel, EconomicsMetrics
 from tokenplane.gateway.errors import (
     BodyTooLarge,
@@ -58,7 +59,9 @@ from tokenplane.gateway.errors import (
     UpstreamTimeout,
     error_response,
 )
+from tokenplane.gateway.fallback import SERVED_BY_HEADER, FallbackChain, FallbackMetrics, quality_of
 from tokenplane.gateway.hashing import BlockHasher
+from tokenplane.gateway.kv_events import KvEventsSubscriber, sources_from_instances
 from tokenplane.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from tokenplane.gateway.path_metrics import PathMetrics
 from tokenplane.gateway.proxy import (
@@ -72,6 +75,13 @@ from tokenplane.gateway.proxy import (
 )
 from tokenplane.gateway.request import ASSUMED_OUTPUT_TOKENS, Endpoint, ParsedRequest, parse_request
 from tokenplane.gateway.resilience import Resilience
+from tokenplane.gateway.response_cache import (
+    CACHE_HEADER,
+    CacheKey,
+    CacheMetrics,
+    ResponseCache,
+    hit_response,
+)
 from tokenplane.gateway.tenants import Authenticator, Tenant
 from tokenplane.gateway.tracing import Tracing
 from tokenplane.gateway.upstreams import Upstream, UpstreamPool
@@ -84,6 +94,9 @@ HOUSEKEEPING_INTERVAL_S = 0.1
 POOL_LIMIT_PER_HOST = 0  # unbounded: the instance's own queue is the bound, not the socket count
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("tokenplane_gateway")
+SERVED_BY_KEY: Any = (  # web.RequestKey from aiohttp 3.12 on; a plain string before
+    web.RequestKey("tokenplane_served_by", str) if hasattr(web, "RequestKey") else "tokenplane_served_by"
+)
 
 _encode = msgspec.json.Encoder().encode
 
@@ -116,11 +129,39 @@ class Gateway:
                 self._capacity_of(m.name),
                 adm_metrics,
             )
+        self._avoid_move_delay(config)
         self._housekeeping: asyncio.Task[None] | None = None
+        kv_sources = sources_from_instances(config.instances)
+        self.kv_events: KvEventsSubscriber | None = KvEventsSubscriber(kv_sources) if kv_sources else None
         self.hasher = BlockHasher()
         self.session: aiohttp.ClientSession | None = None
         self._ids = itertools.count(1)
         self._id_prefix = f"tp-{os.getpid():x}-{int(time.time()):x}-"
+
+    def _avoid_move_delay(self, config: GatewayConfig) -> None:
+        """Response caches, fallback chains and deferral rooms: each ``None`` when nothing uses it."""
+        reg = self.metrics.registry
+        cached = [m for m in config.models if m.response_cache is not None and m.response_cache.enabled]
+        self.response_caches: dict[str, ResponseCache] | None = None
+        if cached:
+            cm = CacheMetrics(reg)
+            self.response_caches = {
+                m.name: ResponseCache(m.name, m.response_cache, cm) for m in cached if m.response_cache
+            }
+        self.fallbacks: dict[str, FallbackChain] | None = None
+        if any(m.fallback for m in config.models):
+            fm = FallbackMetrics(reg)
+            adm = self.admission
+            self.fallbacks = {
+                m.name: FallbackChain(m.name, m.fallback, lambda name: adm[name].free(), fm)
+                for m in config.models
+                if m.fallback
+            }
+        self._defer_always = frozenset(t.name for t in config.tenants if t.priority == "deferrable")
+        self._defer_allowed = self._defer_always | {t.name for t in config.tenants if t.allow_deferrable}
+        self.deferral: dict[str, DeferralRoom] | None = None
+        if self._defer_allowed:
+            self.deferral = {m.name: DeferralRoom(self.admission[m.name], m.deferral) for m in config.models}
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -141,6 +182,8 @@ class Gateway:
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         await self.pool.start(self.session)
+        if self.kv_events is not None:
+            await self.kv_events.start()
         self._housekeeping = asyncio.create_task(self._housekeep())
         if self._ledger_on:
             await self.workflows.start()
@@ -151,6 +194,8 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._housekeeping
             self._housekeeping = None
+        if self.kv_events is not None:
+            await self.kv_events.stop()
         await self.pool.stop()
         await self.workflows.stop()
         if self.tracing is not None:
@@ -535,7 +580,24 @@ class Gateway:
             ex.stream = parsed.stream
             model = self.resolve(parsed, tenant)
             ex.model = model.name
+            cache_key: CacheKey | None = None
+            caches = self.response_caches
+            if caches is not None and (cache := caches.get(model.name)) is not None:
+                key = cache.key(tenant.name, endpoint, parsed.body)
+                if key is not None:
+                    stored = cache.get(key)
+                    if stored is not None:
+                        ex.reason = "cache"
+                        return hit_response(stored, parsed.body, parsed.stream)
+                    cache_key = None if parsed.stream else key
             hints = self.workflows.hints(request.headers, parsed.body, tenant, now)
+            if self.fallbacks is not None and (chain := self.fallbacks.get(model.name)) is not None:
+                moved = chain.choose(quality_of(request.headers, parsed.body), tenant.may_use)
+                if moved is not None:
+                    model = self.catalog.resolve(moved[0], tenant)
+                    ex.model = model.name
+                    request[SERVED_BY_KEY] = model.name
+                    cache_key = None  # only the requested model's own answers are stored
             tenant.acquire()
             acquired = True
             info = ex.info = self.describe(parsed, model, tenant, now, hints)
@@ -567,13 +629,26 @@ class Gateway:
             if tr is not None:
                 aspan = tr.start("tokenplane.admission", tokenplane__priority=priority.label)
             admit_s = time.monotonic()
+            if (
+                self.deferral is not None
+                and tenant.name in self._defer_allowed
+                and (tenant.name in self._defer_always or wants_deferral(request.headers))
+            ):
+                wf = info.workflow
+                await self.deferral[model.name].wait(now, wf.deadline_s if wf is not None else None)
+                priority = PriorityClass.BATCH
             deadline = await pool.admit(info, priority, now)
             if tr is not None and aspan is not None:
                 tr.end(aspan, tokenplane__queue_wait_s=time.monotonic() - admit_s)
             try:
-                return await self.forward(request, parsed, model, tenant, ex, deadline)
+                out = await self.forward(request, parsed, model, tenant, ex, deadline)
+                if cache_key is not None:
+                    self._store(cache_key, out, ex)
+                return out
             finally:
                 pool.release(info)
+                if self.deferral is not None:
+                    self.deferral[model.name].notify()
         except GatewayError as exc:
             ex.outcome = exc.outcome
             if tr is not None:
@@ -599,6 +674,15 @@ class Gateway:
                 ex.ledger.finish(failed=ex.outcome not in (OUTCOME_OK, OUTCOME_CLIENT_GONE))
             if tr is not None:
                 tr.finish(ex.outcome)
+
+    def _store(self, key: CacheKey, out: web.StreamResponse, ex: Exchange) -> None:
+        """Keep a successful JSON answer of the requested model (never an error, never a stream)."""
+        assert self.response_caches is not None
+        if ex.outcome == OUTCOME_OK and isinstance(out, web.Response) and out.status == 200:
+            body = out.body
+            if isinstance(body, bytes):
+                self.response_caches[key[1]].put(key, body)
+                out.headers[CACHE_HEADER] = "miss"
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self.completions(request, "chat")
@@ -679,6 +763,8 @@ def create_app(config: GatewayConfig, *, rng: random.Random | None = None) -> we
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
+    if gw.fallbacks is not None:
+        app.on_response_prepare.append(_served_by)
     routes: list[tuple[str, str, Callable[[web.Request], Awaitable[Any]]]] = [
         ("POST", "/v1/chat/completions", gw.chat_completions),
         ("POST", "/v1/completions", gw.text_completions),
@@ -693,3 +779,10 @@ def create_app(config: GatewayConfig, *, rng: random.Random | None = None) -> we
         app.router.add_route(method, path, handler)
     app.router.add_route("*", "/{tail:.*}", gw.not_found)
     return app
+
+
+async def _served_by(request: web.Request, response: web.StreamResponse) -> None:
+    """Name the model that served a request moved down its fallback chain."""
+    served = request.get(SERVED_BY_KEY)
+    if served is not None:
+        response.headers[SERVED_BY_HEADER] = served

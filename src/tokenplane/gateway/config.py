@@ -17,6 +17,12 @@ Shape (every section but ``models`` and ``instances`` is optional)::
     retry: {budget_ratio: 0.2, min_per_s: 1.0, max_attempts: 3, ...}   # resilience_config.py
     breaker: {consecutive_failures: 5, cooldown_s: 5, ...}
     admission: {queue: {max_depth: 1024, ...}, shedding: {thresholds: {...}}}
+    # per model (Avoid, Move, Delay):
+    #   models[].response_cache: {enabled: true, ttl_s: 60, max_entries: 1024, max_bytes: 67108864}
+    #   models[].fallback: [{model: small-model, when: [overloaded, quality_ok], quality: standard}]
+    #   models[].deferral: {max_waiting: 256, spare_fraction: 0.5, max_wait_s: 600}
+    # Share: the ``outstanding-tokens`` scorer (core/routing/scorers.py) in ``models[].router`` weighs
+    # the tokens each instance has in flight (batching-aware load) when placing a request.
     ledger: {path: tokenplane-ledger.sqlite, abandon_after_s: 600}   # path null: in memory
     tracing: {otlp_endpoint: null, service_name: tokenplane-gateway, sample_ratio: 1.0}
 
@@ -59,9 +65,11 @@ DEFAULT_ROUTER = "prefix-affinity"
 DEFAULT_TENANT = "default"
 DEFAULT_INSTANCE_MAX_CONCURRENCY = 256
 
-PriorityClass = Literal["interactive", "standard", "batch"]
-PRIORITY_VALUES: Mapping[str, int] = {"interactive": 1, "standard": 0, "batch": -1}
-"""``RequestInfo.priority`` per class: higher is more urgent; ``standard`` is the core's default 0."""
+PriorityClass = Literal["interactive", "standard", "batch", "deferrable"]
+PRIORITY_VALUES: Mapping[str, int] = {"interactive": 1, "standard": 0, "batch": -1, "deferrable": -1}
+"""``RequestInfo.priority`` per class: higher is more urgent; ``standard`` is the core's default 0.
+``deferrable`` is the batch class that first waits for spare capacity (see
+:mod:`~tokenplane.gateway.deferral`)."""
 
 InstanceKind = Literal["vllm", "llamacpp", "emulated", "openai"]
 
@@ -105,6 +113,8 @@ class TenantConfig(_Strict):
     """Whether this tenant's streams are continued on another instance after a mid-stream failure."""
     allow_priority_raise: bool = False
     """Whether ``X-Tokenplane-Priority`` may raise this tenant's class (it may always lower it)."""
+    allow_deferrable: bool = False
+    """Whether ``X-Tokenplane-Deferrable: true`` may mark this tenant's requests deferrable."""
 
     @field_validator("api_keys")
     @classmethod
@@ -115,12 +125,49 @@ class TenantConfig(_Strict):
         return keys
 
 
+class ResponseCacheConfig(_Strict):
+    """Exact response cache for deterministic requests (:mod:`~tokenplane.gateway.response_cache`)."""
+
+    enabled: bool = True
+    ttl_s: float = Field(60.0, gt=0)
+    max_entries: int = Field(1024, ge=1)
+    max_bytes: int = Field(64 << 20, ge=1)
+
+
+FallbackReason = Literal["overloaded", "quality_ok"]
+QualityClass = Literal["any", "standard", "best"]
+
+
+class FallbackConfig(_Strict):
+    """One link of a model's fallback chain (:mod:`~tokenplane.gateway.fallback`)."""
+
+    model: str = Field(min_length=1)
+    when: tuple[FallbackReason, ...] = ("overloaded", "quality_ok")
+    quality: QualityClass = "standard"
+    """The quality the fallback model offers: a request asking for more never moves to it."""
+
+
+class DeferralConfig(_Strict):
+    """The deferrable class's waiting room (:mod:`~tokenplane.gateway.deferral`)."""
+
+    max_waiting: int = Field(256, ge=0)
+    spare_fraction: float = Field(0.5, gt=0, le=1)
+    """Deferred requests go once the pool's admitted and queued requests are below this share of
+    its capacity."""
+    max_wait_s: float = Field(600.0, gt=0)
+    """Deadline when the request brings none (a workflow ``deadline_s`` is used when sooner)."""
+
+
 class ModelConfig(_Strict):
     name: str = Field(min_length=1)
     aliases: tuple[str, ...] = ()
     router: str | dict[str, Any] = DEFAULT_ROUTER
     upstream_model: str | None = None
     """The name the instances serve this model under (default: ``name``)."""
+    response_cache: ResponseCacheConfig | None = None
+    """Off unless given."""
+    fallback: tuple[FallbackConfig, ...] = ()
+    deferral: DeferralConfig = DeferralConfig()
 
     @property
     def served_name(self) -> str:
@@ -134,6 +181,22 @@ class ModelConfig(_Strict):
         except InvalidPolicyConfig as exc:
             raise ValueError(str(exc)) from None
         return router
+
+
+class KvEventsConfig(_Strict):
+    """Where the gateway BINDS a ZMQ SUB socket for this instance's vLLM KV events (vLLM's
+    ``--kv-events-config`` connects its publisher to the same endpoint); see
+    :mod:`tokenplane.gateway.kv_events`. Needs the ``kv-events`` extra (pyzmq)."""
+
+    endpoint: str = Field(min_length=1)
+    topic: str = "kv"
+
+    @field_validator("endpoint")
+    @classmethod
+    def _zmq(cls, endpoint: str) -> str:
+        if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError("must be a ZMQ endpoint (tcp://HOST:PORT, ipc://PATH)")
+        return endpoint
 
 
 class InstanceConfig(_Strict):
@@ -154,6 +217,8 @@ class InstanceConfig(_Strict):
     decode_tokens_per_s: float | None = Field(None, gt=0)
     """Throughput for cost attribution (see :mod:`tokenplane.gateway.economics`); default: the twin's
     step-time model for ``gpu`` and the model, else ``ledger``'s defaults."""
+    kv_events: KvEventsConfig | None = None
+    """Subscribe to this instance's vLLM KV events (exact prefix-cache state); off by default."""
 
     @field_validator("url")
     @classmethod
@@ -220,6 +285,10 @@ class GatewayConfig(_Strict):
                 if n in names:
                     raise ValueError(f"models[{i}]: name or alias {n!r} already used by model {names[n]!r}")
                 names[n] = m.name
+        for i, m in enumerate(self.models):
+            for j, fb in enumerate(m.fallback):
+                if fb.model not in names or names[fb.model] == m.name:
+                    raise ValueError(f"models[{i}].fallback[{j}].model: {fb.model!r} is not another model")
         ids: set[str] = set()
         for i, inst in enumerate(self.instances):
             if inst.id in ids:
