@@ -194,3 +194,17 @@ class BreakerMachine(RuleBasedStateMachine):
 
 TestBreakerMachine = BreakerMachine.TestCase
 TestBreakerMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+
+
+def test_release_frees_a_probe_slot_without_a_verdict() -> None:
+    board = BreakerBoard(BreakerConfig(consecutive_failures=1, cooldown_s=1.0, half_open_probes=1))
+    board.on_result("i", False, None, now=0.0)
+    assert board.state("i", now=0.5) is BreakerState.OPEN
+    board.on_attempt("i", now=1.5)  # half-open: the probe slot is taken
+    assert not board.allow("i", now=1.6)
+    board.release("i")  # its client left: neither success nor failure
+    assert board.state("i", now=1.7) is BreakerState.HALF_OPEN
+    assert board.allow("i", now=1.7)
+    for _ in range(10):  # releases never open a breaker
+        board.release("j")
+    assert board.allow("j", now=2.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -108,3 +109,20 @@ async def test_every_instance_failing_budget_bounds_attempts_and_503s_are_fast(
     assert {r[0] for r in results} == {503}
     assert time.monotonic() - t0 < 0.5
     assert sum(len(u.requests) for u in ups) == attempts
+
+
+async def test_clients_leaving_before_the_answer_do_not_open_a_breaker(emulators, emu_gateway) -> None:
+    """A slow-to-answer instance whose callers give up is not a failing instance."""
+    emus = await emulators(1)
+    gw = await emu_gateway(emus, breaker={"consecutive_failures": 2, "cooldown_s": 5})
+    await emus[0].faults(hang=True, hang_count=6)
+    client = gw.client()
+    for _ in range(6):  # each client gives up before the hung instance answers
+        with pytest.raises(openai.APITimeoutError):
+            await client.with_options(timeout=0.3).completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=4
+            )
+    await asyncio.sleep(0.2)
+    assert (await gw.instances())["emu-0"]["breaker"] == "closed"
+    r = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
+    assert len(r.choices[0].text.split()) == 4

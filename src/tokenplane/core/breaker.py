@@ -280,6 +280,16 @@ class BreakerBoard:
             self._open(instance_id, b, now, reason, events)
         return tuple(events)
 
+    def release(self, instance_id: InstanceId) -> None:
+        """An attempt ended with no verdict on the instance (its client left first).
+
+        A half-open probe slot it held is freed; nothing counts as a success or a failure, so a
+        wave of client cancellations cannot open a breaker.
+        """
+        b = self._breakers.get(instance_id)
+        if b is not None and b.state is BreakerState.HALF_OPEN:
+            b.probes_in_flight = max(0, b.probes_in_flight - 1)
+
     def forget(self, instance_id: InstanceId) -> None:
         self._breakers.pop(instance_id, None)
 

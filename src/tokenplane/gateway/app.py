@@ -346,6 +346,7 @@ class Gateway:
         latency: float | None = None
         resp = None
         clean = False
+        abandoned = False  # the client left before the instance answered
         try:
             url = upstream.chat_url if parsed.endpoint == "chat" else upstream.completions_url
             try:
@@ -371,6 +372,8 @@ class Gateway:
             except BaseException:  # cancelled: the client left; an answering instance is not at fault
                 if resp is not None and resp.status == 200:
                     result = AttemptResult.OK
+                else:
+                    abandoned = True
                 raise
             end = await splicer.relay(resp, ex, upstream)
             delivered = end.tokens
@@ -385,9 +388,12 @@ class Gateway:
                 upstream.record_success()
             return self._outcome(result, upstream, delivered, latency), splicer.out, None
         finally:
-            self.resilience.on_outcome(
-                AttemptOutcome(result, upstream.id, delivered, time.monotonic(), latency)
-            )
+            if abandoned:
+                self.resilience.on_abandoned(upstream.id)
+            else:
+                self.resilience.on_outcome(
+                    AttemptOutcome(result, upstream.id, delivered, time.monotonic(), latency)
+                )
             if resp is not None:
                 if clean:
                     resp.release()

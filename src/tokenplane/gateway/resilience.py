@@ -128,6 +128,10 @@ class Resilience:
         if events:
             self._record(events)
 
+    def on_abandoned(self, instance_id: InstanceId) -> None:
+        """The client left before the instance answered: no verdict on the instance."""
+        self.board.release(instance_id)
+
     def count_attempt(self, model: str, continuation: bool) -> None:
         (self._continuations if continuation else self._retries).labels(model).inc()
 
