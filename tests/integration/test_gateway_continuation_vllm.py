@@ -14,7 +14,7 @@ openai = pytest.importorskip("openai", reason="the openai client is needed (dev 
 
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio]
 
-KILL_AFTER_CHUNKS = 3
+KILL_AFTER_CHUNKS = 2
 MAX_TOKENS = 1900  # long enough (several seconds on the tiny model) that the kill lands mid-decode
 
 

@@ -125,6 +125,7 @@ def test_metrics_expose_load_gauges(vllm_endpoints: list[VllmEndpoint]) -> None:
     # Under load the running gauge counts the streams.
     n = 6
     started = threading.Barrier(n + 1, timeout=60)
+    done = threading.Event()
     errors: list[BaseException] = []
 
     def stream_one(i: int) -> None:
@@ -140,7 +141,7 @@ def test_metrics_expose_load_gauges(vllm_endpoints: list[VllmEndpoint]) -> None:
                 for k, _ in enumerate(stream):
                     if k == 1:
                         started.wait()
-                    if k == 200:
+                    if k == 900 or done.is_set():
                         break  # closing the stream aborts the request in the engine
         except BaseException as e:
             errors.append(e)
@@ -150,7 +151,13 @@ def test_metrics_expose_load_gauges(vllm_endpoints: list[VllmEndpoint]) -> None:
     for t in threads:
         t.start()
     started.wait()
+    # vLLM refreshes its gauges between steps: poll while the streams are still open.
+    deadline = time.monotonic() + 10
     busy = scrape_metrics(ep.metrics_url)
+    while busy["vllm:num_requests_running"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        busy = scrape_metrics(ep.metrics_url)
+    done.set()
     for t in threads:
         t.join(60)
     assert not errors, errors
@@ -218,9 +225,9 @@ def test_sigkill_mid_stream_breaks_the_client_stream(
             received += 1
             if chunk.choices and chunk.choices[0].finish_reason:
                 finish = chunk.choices[0].finish_reason
-            if received == 5:
+            if received == 2:  # early: the tiny model streams fast, and a busy client reads late
                 victim.kill()
-    assert received >= 5 and finish is None, (received, finish)
+    assert received >= 2 and finish is None, (received, finish)
     assert not victim.alive()
     with pytest.raises(openai.APIConnectionError):
         client(vllm_endpoints[1]).models.list()
