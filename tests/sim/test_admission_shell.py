@@ -211,7 +211,7 @@ def test_agentic_overload_example_smoke() -> None:
 
 
 def test_seven_axis_example_smoke() -> None:
-    raw = _short("seven-axis.yaml", **{"workload.duration_s": 20.0, "workload.rate_rps": 10.0})
+    raw = _short("heterogeneous.yaml", **{"workload.duration_s": 20.0, "workload.rate_rps": 10.0})
     raw["runs"] = raw["runs"][:2]
     out = run_scenario(parse_scenario(raw))
     for o in out.values():
