@@ -218,3 +218,49 @@ def test_seven_axis_example_smoke() -> None:
         r = o.report
         assert r["budget_goodput_rps"] is not None
         assert set(r["budget_attainment_by_budget_s"]) == {"0.5", "2", "10"}
+
+
+def test_kv_working_set_limit_refuses_new_tasks_at_step_1_only(fakes: SimpleNamespace) -> None:
+    # KV 400,000 tokens x 0.005 = a 2,000-token budget. Task "a" starts alone (300 tokens now,
+    # 1,500 projected to step 5), so the step 1 of "b" that arrives while it runs is refused; "a"'s
+    # later steps are not, a request without a workflow is not, and once "a" has finished its last
+    # step, "c" fits (and stays: its step 2 has not come).
+    specs = [
+        spec(0, 0.0, step=1, wf="a"),
+        spec(1, 0.1, step=1, wf="b"),
+        spec(2, 0.2, step=2, wf="a"),
+        spec(3, 0.3),
+        spec(4, 3.0, step=5, wf="a"),
+        spec(5, 6.0, step=1, wf="c"),
+    ]
+    outcomes = {}
+    for frac in (0.005, None):
+        fleet, _ = make_fleet(fakes, specs, policy="task-aware", kv_working_set_fraction=frac)
+        records = fleet.run().records
+        outcomes[frac] = {r.request_id: ("ok" if r.ok else r.reason) for r in records}
+        if frac is not None:  # "a" finished and left the working set, "b" never entered it
+            assert list(fleet._contexts) == ["c"] and fleet._working_set_tokens == 300
+    assert outcomes[0.005] == {0: "ok", 1: "kv_working_set", 2: "ok", 3: "ok", 4: "ok", 5: "ok"}
+    assert set(outcomes[None].values()) == {"ok"}
+
+
+def test_agentic_overload_working_set_limit_refuses_at_step_1_only() -> None:
+    raw = _short("agentic-overload.yaml", duration_s=120.0, **{"workload.users": 160})
+    raw["runs"] = [
+        {"name": "limit", "admission": {"policy": "task-aware", "kv_working_set_fraction": 0.3}},
+        {"name": "no-limit", "admission": {"policy": "task-aware", "kv_working_set_fraction": None}},
+        {"name": "request-level", "admission": {"policy": "request-level"}},
+    ]
+    out = {name: o.report for name, o in run_scenario(parse_scenario(raw)).items()}
+    limited = out["limit"]
+    refused = limited["admission_refused_by_step"]
+    ws = {k: v for k, v in refused.items() if k.startswith("kv_working_set@")}
+    assert ws and set(ws) == {"kv_working_set@step1"}
+    assert limited["admission_refused_kv_working_set"] == ws["kv_working_set@step1"]
+    assert limited["admission_max_working_set_tokens"] > 0
+    for name in ("no-limit", "request-level"):
+        r = out[name]
+        assert r["admission_refused_kv_working_set"] == 0
+        assert not any(k.startswith("kv_working_set@") for k in r["admission_refused_by_step"])
+    # the started tasks keep their prefixes
+    assert limited["prefix_hit_ratio"] > out["no-limit"]["prefix_hit_ratio"]

@@ -194,7 +194,14 @@ class AdmissionSettings(BaseModel):
     """``admission: {...}``: a gateway-like admission layer in the twin (see
     :mod:`tokenplane.sim.admission_shell`). ``policy`` picks the family: ``request-level`` (FCFS by
     class, sheds the newcomer) or ``task-aware`` (orders and sheds by workflow value, budgeted
-    retries for late steps)."""
+    retries for late steps).
+
+    ``kv_working_set_fraction`` (task-aware only; default 0.85, ``null`` turns it off): the share of
+    the fleet's KV capacity that the contexts of started, unfinished tasks (each projected to its
+    last step) may fill; a new task (step 1) that would push them past it is refused (reason
+    ``kv_working_set``) so that started tasks keep their prefixes cached through their think time
+    (:class:`~tokenplane.core.task_admission.KvWorkingSetLimit`). Steps of started tasks are never
+    refused by it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -210,6 +217,7 @@ class AdmissionSettings(BaseModel):
     retry_delay_s: float = Field(1.0, ge=0)
     retry_budget: dict[str, Any] = Field(default_factory=dict)  # core RetryBudget params
     pump_interval_s: float = Field(1.0, gt=0)
+    kv_working_set_fraction: float | None = Field(0.85, gt=0, allow_inf_nan=False)
 
 
 class SloSettings(BaseModel):
