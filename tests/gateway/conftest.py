@@ -49,6 +49,7 @@ def names() -> SimpleNamespace:
         ALIAS=ALIAS,
         OTHER_MODEL=OTHER_MODEL,
         UPSTREAM_MODEL=UPSTREAM_MODEL,
+        gateway_config=gateway_config,
     )
 
 

@@ -225,3 +225,60 @@ async def test_gateway_start_binds_and_stop_releases() -> None:
         Gateway(GatewayConfig.model_validate({"models": [{"name": "m"}], "instances": [inst]})).kv_events
         is None
     )
+
+
+@pytest.mark.anyio
+async def test_precise_mode_routes_token_id_prompts_to_the_instance_that_reports_them(
+    upstreams, names
+) -> None:
+    """Precise prefix routing: instance up-1 publishes (over real ZMQ) that it holds the first four
+    16-token blocks of a prompt; a completion sent as token ids goes there, although the approximate
+    index of a fresh gateway knows nothing and would pick the first instance (least loaded, lowest
+    index); a prompt no instance holds falls back to that choice; the reasons are counted."""
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from tokenplane.gateway.app import GATEWAY_KEY, create_app
+    from tokenplane.gateway.config import parse_config
+
+    ups = await upstreams(2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    raw = names.gateway_config(ups, router="prefix-affinity")
+    raw["instances"][1]["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{port}"}
+    app = create_app(parse_config(raw))
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    gw = app[GATEWAY_KEY]
+    held = list(range(1000, 1064))  # four blocks of 16
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(f"tcp://127.0.0.1:{port}")
+    block = _Stored([11, 12, 13, 14], None, held, 16)
+    try:
+        for _ in range(200):
+            pub.send_multipart([b"kv", b"\0" * 8, payload(block)])
+            if await gw.kv_events.wait_for(ups[1].name, lambda c: len(c) == 4, timeout=0.02):
+                break
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {names.KEY}"}) as http:
+
+            async def complete(prompt: list[int]) -> None:
+                body = {"model": names.MODEL, "prompt": prompt, "max_tokens": 4}
+                async with http.post(f"{server.make_url('/v1/completions')}", json=body) as r:
+                    assert r.status == 200, await r.text()
+
+            await complete([*held, 7, 8, 9, 10])
+            assert [len(u.requests) for u in ups] == [0, 1]
+            await complete(list(range(5000, 5072)))  # nobody holds it: least loaded, lowest index
+            assert [len(u.requests) for u in ups] == [1, 1]
+            await complete(held[:40])  # two full blocks held of 40 tokens: 32 / 40 > 0.5
+            assert [len(u.requests) for u in ups] == [1, 2]
+            async with http.get(f"{server.make_url('/metrics')}") as r:
+                metrics = await r.text()
+        assert 'reason="kv_cache_match"' in metrics and 'reason="prefix_miss_least_loaded"' in metrics
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+        await server.close()

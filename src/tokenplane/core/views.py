@@ -57,6 +57,10 @@ class RequestInfo(msgspec.Struct, frozen=True):
     latency_budget_s: float | None = None  # time-to-first-token budget counted from arrival_s
     quality_class: str = ""  # which models may stand in for the requested one (Move)
     min_gpu_generation: int = 0
+    cached_prefix_tokens: Mapping[InstanceId, int] | None = None
+    """Exact leading prompt tokens each instance holds in its KV cache, when the shell knows them
+    (the gateway's precise mode, from vLLM's KV events); instances not named hold none. ``None``:
+    unknown, and prefix-aware routers fall back to their own approximate index."""
 
 
 class InstanceView(msgspec.Struct, frozen=True):
@@ -95,6 +99,7 @@ class RouteReason(StrEnum):
     POWER_OF_TWO = "power_of_two"
     PREFIX_MATCH = "prefix_match"
     PREFIX_MISS_LEAST_LOADED = "prefix_miss_least_loaded"
+    KV_CACHE_MATCH = "kv_cache_match"  # an exact match in an instance's reported KV cache
     LOAD_IMBALANCE = "load_imbalance"
     WEIGHTED_SCORE = "weighted_score"
     NO_CANDIDATES = "no_candidates"

@@ -273,7 +273,15 @@ class Gateway:
             priority=tenant.priority if hints is None else hints.priority,
             arrival_s=now,
             workflow=None if hints is None else hints.workflow,
+            cached_prefix_tokens=self._cached_prefix(parsed),
         )
+
+    def _cached_prefix(self, parsed: ParsedRequest) -> dict[str, int] | None:
+        """Precise mode: exact cached tokens per instance from vLLM's KV events, where the request
+        carries token ids and some instance publishes events; else ``None`` (approximate index)."""
+        if self.kv_events is None or parsed.token_ids is None:
+            return None
+        return self.kv_events.index.match_tokens(parsed.token_ids)
 
     def route(
         self,

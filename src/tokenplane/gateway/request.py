@@ -44,6 +44,8 @@ class ParsedRequest(msgspec.Struct):
     prompt_text: str
     prompt_tokens: int
     max_tokens: int | None
+    token_ids: list[int] | None = None
+    """The prompt's token ids when the client sent them (a completions ``prompt`` of ids)."""
 
 
 def _is_int(v: Any) -> bool:
@@ -224,4 +226,9 @@ def parse_request(raw: bytes, endpoint: Endpoint, limits: LimitsConfig) -> Parse
             f"{limits.max_prompt_tokens}",
             param=prompt_param,
         )
-    return ParsedRequest(endpoint, body, model, stream, text, prompt_tokens, max_tokens)
+    token_ids = None
+    if endpoint != "chat":
+        prompt = body["prompt"]
+        if type(prompt[0] if type(prompt) is list else None) is int:
+            token_ids = prompt
+    return ParsedRequest(endpoint, body, model, stream, text, prompt_tokens, max_tokens, token_ids)

@@ -137,3 +137,27 @@ def test_bounded_memory_evicts_and_forget() -> None:
 def test_bad_params(params: dict[str, object]) -> None:
     with pytest.raises(InvalidPolicyConfig, match="prefix-affinity"):
         build_router({"name": "prefix-affinity", "params": params}, random.Random())
+
+
+@pytest.mark.parametrize(
+    ("cached", "loads", "want"),
+    [
+        ({"i2": 900}, (0, 0, 5), ("i2", RouteReason.KV_CACHE_MATCH)),  # the engine's word beats load
+        ({"i0": 600, "i2": 900}, (0, 0, 0), ("i2", RouteReason.KV_CACHE_MATCH)),  # deepest wins
+        ({"i0": 900, "i2": 900}, (4, 0, 1), ("i2", RouteReason.KV_CACHE_MATCH)),  # tie: fewer outstanding
+        ({"i2": 500}, (0, 0, 0), ("i0", RouteReason.PREFIX_MISS_LEAST_LOADED)),  # 500 / 1000 is not > 0.5
+        ({}, (1, 0, 1), ("i1", RouteReason.PREFIX_MISS_LEAST_LOADED)),  # reported, and nobody holds it
+        ({"i9": 1000}, (1, 0, 1), ("i1", RouteReason.PREFIX_MISS_LEAST_LOADED)),  # not a candidate
+        ({"i2": 1000}, (0, 0, 40), ("i0", RouteReason.LOAD_IMBALANCE)),  # imbalance still wins
+    ],
+)
+def test_precise_mode_uses_the_reported_cache_not_the_index(
+    cached: dict[str, int], loads: tuple[int, ...], want: tuple[str, RouteReason]
+) -> None:
+    router = PrefixAffinityRouter()
+    hashes = chain(*SYSTEM)
+    router.on_routed(req("a", hashes), "i0", now=0)  # the approximate index believes i0 holds it all
+    exact = RequestInfo("b", "m", prompt_tokens=1000, max_output_tokens=8, block_hashes=hashes,
+                        cached_prefix_tokens=cached)  # fmt: skip
+    d = router.select(exact, views(*loads), now=1)
+    assert (d.instance_id, d.reason) == want

@@ -8,8 +8,11 @@ Algorithm, per request over the usable candidates:
    ``max > min × balance_rel_threshold`` the fleet is imbalanced: route to the least-loaded instance
    (reason ``LOAD_IMBALANCE``), ignoring the cache.
 2. Match. Walk the request's ``block_hashes`` through the index; an instance's match ratio is
-   matched blocks / ``len(block_hashes)``. If the best ratio exceeds ``cache_threshold``, route to the
-   best-matching instance, ties → fewer outstanding requests, then lowest index (``PREFIX_MATCH``).
+   matched blocks / ``len(block_hashes)``. If the best ratio exceeds ``cache_threshold``, route to
+   the best-matching instance, ties → fewer outstanding requests, then lowest index
+   (``PREFIX_MATCH``). In precise mode (the shell fills ``RequestInfo.cached_prefix_tokens`` from the
+   engines' own KV-cache reports) an instance's ratio is its cached leading tokens /
+   ``prompt_tokens`` instead, and the reason ``KV_CACHE_MATCH``.
 3. Miss. Otherwise route to the least-loaded instance, ties → lowest index
    (``PREFIX_MISS_LEAST_LOADED``). SGLang picks the instance with the smallest tree instead; we pick
    by outstanding requests because that is the current signal (tree size is history, and with a
@@ -81,12 +84,18 @@ class PrefixAffinityRouter:
     def select(
         self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float
     ) -> RouteDecision:
-        hashes = request.block_hashes
-        depths = self.index.match(hashes) if hashes else None
+        exact = request.cached_prefix_tokens
+        depths: Mapping[InstanceId, int] | None
+        if exact is not None:  # precise mode: what each engine reported it holds, in tokens
+            depths, total = exact, max(1, request.prompt_tokens)
+        else:
+            hashes = request.block_hashes
+            depths = self.index.match(hashes) if hashes else None
+            total = len(hashes)
         top: Container[InstanceId] | None = None
         if depths:
             best_depth = max(depths.values())
-            if best_depth / len(hashes) > self.cache_threshold:
+            if best_depth / total > self.cache_threshold:
                 # Usually one or a few instances: a membership test per candidate is far cheaper
                 # than reading every candidate's depth.
                 top = depths if len(depths) == 1 else {i for i, d in depths.items() if d == best_depth}
@@ -120,9 +129,10 @@ class PrefixAffinityRouter:
         if top is not None:
             if best is None and depths is not None:
                 # Rare: every best-matching instance is unusable or not a candidate.
-                best = self._next_best(candidates, depths, len(hashes))
+                best = self._next_best(candidates, depths, total)
             if best is not None:
-                return RouteDecision(best.instance_id, RouteReason.PREFIX_MATCH)
+                reason = RouteReason.KV_CACHE_MATCH if exact is not None else RouteReason.PREFIX_MATCH
+                return RouteDecision(best.instance_id, reason)
         return RouteDecision(least.instance_id, RouteReason.PREFIX_MISS_LEAST_LOADED)
 
     def _next_best(
