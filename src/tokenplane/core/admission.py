@@ -141,6 +141,10 @@ class AdmissionReason(StrEnum):
     CANCELLED = "cancelled"
 
 
+_AT_OR_ABOVE: Mapping[PriorityClass, tuple[PriorityClass, ...]] = {
+    c: tuple(x for x in PriorityClass if x >= c) for c in PriorityClass
+}
+
 _TERMINAL: Mapping[AdmissionReason, TerminalOutcome] = {
     AdmissionReason.QUEUE_FULL: TerminalOutcome.REJECTED,
     AdmissionReason.TENANT_QUEUE_FULL: TerminalOutcome.REJECTED,
@@ -470,7 +474,9 @@ class AdmissionQueue:
         return False
 
     def _dispatchable_at_or_above(self, cls: PriorityClass) -> bool:
-        return any(self._has_dispatchable(c) for c in PriorityClass if c >= cls)
+        if not self._by_id:  # the common case on the request path: nothing queued
+            return False
+        return any(self._has_dispatchable(c) for c in _AT_OR_ABOVE[cls])
 
     def _newest_below(self, cls: PriorityClass) -> _Entry | None:
         for lower in sorted(PriorityClass):

@@ -84,6 +84,7 @@ from tokenplane.gateway.response_cache import (
 )
 from tokenplane.gateway.tenants import Authenticator, Tenant
 from tokenplane.gateway.tracing import Tracing
+from tokenplane.gateway.upstream_client import UpstreamClient
 from tokenplane.gateway.upstreams import Upstream, UpstreamPool
 from tokenplane.gateway.workflows import AttemptLog, Workflows
 
@@ -135,6 +136,7 @@ class Gateway:
         self.kv_events: KvEventsSubscriber | None = KvEventsSubscriber(kv_sources) if kv_sources else None
         self.hasher = BlockHasher()
         self.session: aiohttp.ClientSession | None = None
+        self.upstream_client: UpstreamClient | None = None
         self._ids = itertools.count(1)
         self._id_prefix = f"tp-{os.getpid():x}-{int(time.time()):x}-"
 
@@ -181,6 +183,9 @@ class Gateway:
             # caller's request (and an empty jar is still consulted per request).
             cookie_jar=aiohttp.DummyCookieJar(),
         )
+        self.upstream_client = UpstreamClient(
+            connect_timeout_s=self.limits.connect_timeout_s, read_timeout_s=self.limits.upstream_timeout_s
+        )
         await self.pool.start(self.session)
         if self.kv_events is not None:
             await self.kv_events.start()
@@ -197,6 +202,8 @@ class Gateway:
         if self.kv_events is not None:
             await self.kv_events.stop()
         await self.pool.stop()
+        if self.upstream_client is not None:
+            await self.upstream_client.close()
         await self.workflows.stop()
         if self.tracing is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown)
@@ -316,11 +323,14 @@ class Gateway:
         headers: dict[str, str] | None = None,
     ) -> Any:
         assert self.session is not None, "the gateway is not started"
-        if timeout_s is None:
-            return await open_upstream(self.session, upstream, url, body, headers)
+        client = self.upstream_client
+        if timeout_s is None or (client is not None and upstream.direct is not None):
+            return await open_upstream(
+                self.session, upstream, url, body, headers, client, first_byte_s=timeout_s
+            )
         try:
             async with asyncio.timeout(max(0.0, timeout_s)):
-                return await open_upstream(self.session, upstream, url, body, headers)
+                return await open_upstream(self.session, upstream, url, body, headers, self.upstream_client)
         except TimeoutError:
             raise UpstreamTimeout(f"instance {upstream.id} sent no response headers in time") from None
 

@@ -50,6 +50,7 @@ from tokenplane.gateway.proxy import (
     scan_events,
 )
 from tokenplane.gateway.request import ParsedRequest
+from tokenplane.gateway.upstream_client import UpstreamResponse
 from tokenplane.gateway.upstreams import Upstream
 
 _decode = msgspec.json.Decoder().decode
@@ -202,7 +203,9 @@ class StreamSplicer:
         return content
 
     # -- relaying ---------------------------------------------------------------------------------
-    async def relay(self, resp: aiohttp.ClientResponse, ex: Exchange, upstream: Upstream) -> AttemptEnd:
+    async def relay(
+        self, resp: aiohttp.ClientResponse | UpstreamResponse, ex: Exchange, upstream: Upstream
+    ) -> AttemptEnd:
         """Relay one attempt's SSE body onto the client's stream (pass-through unless digested)."""
         self.attempts += 1
         splice = self.digested

@@ -35,6 +35,7 @@ from tokenplane.gateway.errors import (
     UpstreamUnavailable,
     error_event,
 )
+from tokenplane.gateway.upstream_client import UpstreamClient, UpstreamResponse
 from tokenplane.gateway.upstreams import Upstream
 
 if TYPE_CHECKING:
@@ -110,13 +111,27 @@ async def open_upstream(
     url: URL,
     body: bytes,
     extra_headers: Mapping[str, str] | None = None,
-) -> aiohttp.ClientResponse:
+    client: UpstreamClient | None = None,
+    *,
+    first_byte_s: float | None = None,
+) -> aiohttp.ClientResponse | UpstreamResponse:
     """Send the request; the caller owns (and must close or release) the response.
 
-    ``extra_headers`` (trace context) are added to the instance's own headers.
+    ``extra_headers`` (trace context) are added to the instance's own headers. Plain ``http://``
+    instances go through ``client`` (the hot-path client) when given, with ``first_byte_s`` as the
+    limit for the response headers; others through ``session`` (the caller bounds the wait).
     """
-    headers = upstream.headers if not extra_headers else {**upstream.headers, **extra_headers}
     try:
+        direct = upstream.direct
+        if client is not None and direct is not None:
+            try:
+                return await client.post(
+                    direct[0], direct[1], upstream.heads[url], body, extra_headers,
+                    headers_timeout_s=None if first_byte_s is None else max(0.0, first_byte_s),
+                )  # fmt: skip
+            except TimeoutError:
+                raise UpstreamTimeout(f"instance {upstream.id} sent no response headers in time") from None
+        headers = upstream.headers if not extra_headers else {**upstream.headers, **extra_headers}
         return await session.post(url, data=body, headers=headers)
     except TimeoutError:
         raise UpstreamTimeout(f"instance {upstream.id} did not answer in time") from None
@@ -124,7 +139,7 @@ async def open_upstream(
         raise UpstreamUnavailable(f"instance {upstream.id} is unreachable: {type(exc).__name__}") from None
 
 
-async def rejection(resp: aiohttp.ClientResponse, upstream: Upstream) -> web.Response:
+async def rejection(resp: aiohttp.ClientResponse | UpstreamResponse, upstream: Upstream) -> web.Response:
     """Map a non-200 answer: an instance's own 4xx OpenAI error passes through; anything else raises."""
     try:
         data = await resp.content.read(MAX_ERROR_BODY_BYTES)
@@ -149,7 +164,9 @@ async def rejection(resp: aiohttp.ClientResponse, upstream: Upstream) -> web.Res
     raise UpstreamUnavailable(f"instance {upstream.id} answered {status}")
 
 
-async def relay_json(resp: aiohttp.ClientResponse, ex: Exchange, upstream: Upstream) -> web.Response:
+async def relay_json(
+    resp: aiohttp.ClientResponse | UpstreamResponse, ex: Exchange, upstream: Upstream
+) -> web.Response:
     try:
         data = await resp.read()
     except TimeoutError:
@@ -210,7 +227,7 @@ class SseReader:
 
     __slots__ = ("_content", "_pending", "_upstream_id")
 
-    def __init__(self, resp: aiohttp.ClientResponse, upstream_id: str) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse | UpstreamResponse, upstream_id: str) -> None:
         self._content = resp.content
         self._upstream_id = upstream_id
         self._pending = b""
@@ -240,7 +257,7 @@ class SseReader:
 
 async def relay_stream(
     request: web.Request,
-    resp: aiohttp.ClientResponse,
+    resp: aiohttp.ClientResponse | UpstreamResponse,
     ex: Exchange,
     upstream: Upstream,
 ) -> tuple[web.StreamResponse, GatewayError | None]:

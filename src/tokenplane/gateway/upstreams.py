@@ -95,8 +95,10 @@ class Upstream:
         "completions_url",
         "config",
         "consecutive_failures",
+        "direct",
         "draining",
         "headers",
+        "heads",
         "health_url",
         "healthy",
         "id",
@@ -124,6 +126,17 @@ class Upstream:
         if config.api_key:
             headers["Authorization"] = f"Bearer {config.api_key}"
         self.headers: Mapping[str, str] = CIMultiDictProxy(headers)
+        # For the hot-path client (plain http:// only): (host, port) and each endpoint's request head.
+        self.direct: tuple[str, int] | None = None
+        self.heads: dict[URL, bytes] = {}
+        base = URL(config.url)
+        if base.scheme == "http" and base.host is not None and base.port is not None:
+            self.direct = (base.host, base.port)
+            fixed = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            for url in (self.chat_url, self.completions_url):
+                self.heads[url] = (
+                    f"POST {url.raw_path_qs} HTTP/1.1\r\nHost: {base.raw_authority}\r\n{fixed}"
+                ).encode("latin-1")
         self.labels: Mapping[str, str] = MappingProxyType(dict(config.labels))
         self._failures_to_down = health.failures_to_down
         self.in_flight = 0

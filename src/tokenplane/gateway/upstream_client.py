@@ -1,0 +1,367 @@
+"""The hot-path HTTP/1.1 client to instances: keep-alive connections as asyncio protocols, parsed by
+httptools (llhttp, the parser behind uvicorn and Node.js).
+
+Why not aiohttp's client here: per request it builds a ``ClientRequest``, merges header multidicts,
+consults cookie and tracing hooks and arms several timers; measured by ``bench/gateway_overhead.py``
+that was about a third of the gateway's CPU per proxied request. This client does only what the
+data plane needs: one ``POST`` with a prebuilt head, the status and headers, and the body as it
+arrives (de-chunked by the parser), with back-pressure and a read timeout. Health checks, scrapes
+and ``https://`` instances keep using aiohttp (see :func:`tokenplane.gateway.proxy.open_upstream`).
+
+The response offers the subset of ``aiohttp.ClientResponse`` the relays use: ``status``,
+``headers`` (case-insensitive), ``read()``, ``content.read(n)``, ``content.readany()``, ``release()``
+(back to the pool when the whole message arrived on a keep-alive connection, else closed) and
+``close()`` (closes the connection: the instance sees the client go and aborts the request).
+
+Errors are ``OSError`` subclasses (``ConnectionError``) or ``TimeoutError``, which the relays
+already map to the gateway's upstream errors. A request on a *reused* connection that the instance
+closed before sending a byte (an idle keep-alive timeout racing our send) is retried once on a new
+connection; nothing else is retried here (that is the core retry budget's job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Mapping
+from typing import cast
+
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy
+
+__all__ = ["UpstreamClient", "UpstreamConnectionError", "UpstreamResponse"]
+
+HIGH_WATER_BYTES = 1 << 16
+"""Buffered body bytes at which the connection stops reading until the relay catches up."""
+MAX_IDLE_PER_HOST = 1024
+
+
+class UpstreamConnectionError(ConnectionError):
+    """The instance refused, reset or closed the connection, or sent something that is not HTTP."""
+
+
+class _Connection(asyncio.Protocol):
+    __slots__ = (
+        "_body",
+        "_buffered",
+        "_complete",
+        "_deadline",
+        "_error",
+        "_headers",
+        "_loop",
+        "_parser",
+        "_paused",
+        "_raw_headers",
+        "_timer",
+        "_timer_at",
+        "_waiter",
+        "got_bytes",
+        "keep_alive",
+        "key",
+        "status",
+        "transport",
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, key: tuple[str, int]) -> None:
+        self._loop = loop
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[None] | None = None
+        # One timer per connection, re-armed lazily: a wait only moves the deadline (a stream's
+        # every chunk would otherwise arm and cancel a timer of its own).
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self._raw_headers: list[tuple[bytes, bytes]] = []
+        self._headers: CIMultiDictProxy[str] | None = None
+        self._body: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._complete = False
+        self._error: BaseException | None = None
+        self._paused = False
+        self.got_bytes = False
+        self.keep_alive = False
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass of it
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._cancel_timer()
+        if not self._complete and self._error is None:
+            self._error = UpstreamConnectionError(
+                "the instance closed the connection" if exc is None else f"connection lost: {exc!r}"
+            )
+        self._wake()
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # pragma: no cover - no upgrades are asked for
+            self._fail(UpstreamConnectionError("the instance upgraded the connection"))
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamConnectionError(f"the instance sent malformed HTTP: {exc}"))
+
+    def eof_received(self) -> bool:
+        return False  # close our side too; connection_lost follows
+
+    # -- httptools callbacks ------------------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._raw_headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER_BYTES and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+        self.keep_alive = self._parser.should_keep_alive()
+        self._wake()
+
+    # -- the response's side ------------------------------------------------------------------------
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        if self.transport is not None:
+            self.transport.close()
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _wait(self, timeout_s: float | None) -> None:
+        loop = self._loop
+        w = self._waiter = loop.create_future()
+        if timeout_s is not None:
+            self._deadline = deadline = loop.time() + timeout_s
+            if self._timer is None or self._timer_at > deadline:
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = loop.call_at(deadline, self._on_timer)
+                self._timer_at = deadline
+        else:
+            self._deadline = 0.0
+        try:
+            await w
+        finally:
+            self._waiter = None
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        w = self._waiter
+        if w is None or w.done() or not self._deadline:
+            return  # not waiting now: the next wait arms a new timer
+        if self._loop.time() >= self._deadline:
+            w.set_exception(TimeoutError())
+        else:
+            self._timer = self._loop.call_at(self._deadline, self._on_timer)
+            self._timer_at = self._deadline
+
+    async def headers_arrived(self, timeout_s: float | None) -> None:
+        while not self.status:
+            if self._error is not None:
+                raise self._error
+            await self._wait(timeout_s)
+
+    def headers(self) -> CIMultiDictProxy[str]:
+        if self._headers is None:
+            self._headers = CIMultiDictProxy(
+                CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in self._raw_headers)
+            )
+        return self._headers
+
+    async def readany(self, timeout_s: float | None) -> bytes:
+        while not self._body:
+            if self._complete:
+                return b""
+            if self._error is not None:
+                raise self._error
+            await self._wait(timeout_s)
+        body = self._body
+        data = body.popleft() if len(body) == 1 else b"".join(body)
+        body.clear()
+        self._buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    @property
+    def complete(self) -> bool:
+        return self._complete
+
+
+class _Content:
+    """``resp.content``: the body stream."""
+
+    __slots__ = ("_resp",)
+
+    def __init__(self, resp: UpstreamResponse) -> None:
+        self._resp = resp
+
+    async def readany(self) -> bytes:
+        return await self._resp._conn.readany(self._resp._read_timeout_s)
+
+    async def read(self, n: int = -1) -> bytes:
+        out = bytearray()
+        while n < 0 or len(out) < n:
+            data = await self.readany()
+            if not data:
+                break
+            out += data
+        return bytes(out if n < 0 else out[:n])
+
+
+class UpstreamResponse:
+    __slots__ = ("_client", "_conn", "_done", "_read_timeout_s", "content", "status")
+
+    def __init__(self, client: UpstreamClient, conn: _Connection, read_timeout_s: float | None) -> None:
+        self._client = client
+        self._conn = conn
+        self._read_timeout_s = read_timeout_s
+        self._done = False
+        self.status = conn.status
+        self.content = _Content(self)
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]:
+        return self._conn.headers()
+
+    async def read(self) -> bytes:
+        return await self.content.read()
+
+    def release(self) -> None:
+        """Back to the pool if the whole message arrived on a keep-alive connection; else close."""
+        if self._done:
+            return
+        self._done = True
+        conn = self._conn
+        if conn.complete and conn.keep_alive and conn.transport is not None and not conn._body:
+            self._client._put(conn)
+        else:
+            self._close_conn()
+
+    def close(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._close_conn()
+
+    def _close_conn(self) -> None:
+        t = self._conn.transport
+        if t is not None:
+            t.close()
+
+
+class UpstreamClient:
+    """Keep-alive connections per ``(host, port)``; idle ones are reused most-recent first."""
+
+    def __init__(self, *, connect_timeout_s: float | None, read_timeout_s: float | None) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._closed = False
+
+    def _put(self, conn: _Connection) -> None:
+        idle = self._idle.setdefault(conn.key, [])
+        if self._closed or len(idle) >= MAX_IDLE_PER_HOST:
+            if conn.transport is not None:
+                conn.transport.close()
+            return
+        conn._reset()
+        conn._cancel_timer()
+        idle.append(conn)
+
+    async def _connect(self, key: tuple[str, int]) -> _Connection:
+        loop = asyncio.get_running_loop()
+        conn = _Connection(loop, key)
+        coro = loop.create_connection(lambda: conn, key[0], key[1])
+        try:
+            if self.connect_timeout_s is None:
+                await coro
+            else:
+                await asyncio.wait_for(coro, self.connect_timeout_s)
+        except OSError as exc:
+            raise UpstreamConnectionError(f"cannot connect to {key[0]}:{key[1]}: {exc}") from None
+        return conn
+
+    def _take(self, key: tuple[str, int]) -> _Connection | None:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if conn.transport is not None and not conn.transport.is_closing():
+                return conn
+        return None
+
+    async def post(
+        self,
+        host: str,
+        port: int,
+        head: bytes,
+        body: bytes,
+        extra_headers: Mapping[str, str] | None = None,
+        *,
+        headers_timeout_s: float | None = None,
+    ) -> UpstreamResponse:
+        """Send ``head`` (request line and fixed headers, each ending in CRLF, without the blank
+        line and without Content-Length), ``extra_headers`` and ``body``; return once the status and
+        headers have arrived (``TimeoutError`` after ``headers_timeout_s`` or the read timeout)."""
+        wait_s = self.read_timeout_s
+        if headers_timeout_s is not None:
+            wait_s = headers_timeout_s if wait_s is None else min(wait_s, headers_timeout_s)
+        if extra_headers:
+            head += "".join(f"{k}: {v}\r\n" for k, v in extra_headers.items()).encode("latin-1")
+        message = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
+        key = (host, port)
+        conn = self._take(key)
+        reused = conn is not None
+        while True:
+            if conn is None:
+                conn = await self._connect(key)
+            assert conn.transport is not None
+            conn.transport.write(message)
+            try:
+                await conn.headers_arrived(wait_s)
+            except UpstreamConnectionError:
+                if reused and not conn.got_bytes:  # an idle connection closed as we sent: once more
+                    reused = False
+                    conn = None
+                    continue
+                if conn.transport is not None:
+                    conn.transport.close()
+                raise
+            except BaseException:
+                if conn.transport is not None:
+                    conn.transport.close()
+                raise
+            return UpstreamResponse(self, conn, self.read_timeout_s)
+
+    async def close(self) -> None:
+        self._closed = True
+        for idle in self._idle.values():
+            for conn in idle:
+                if conn.transport is not None:
+                    conn.transport.close()
+        self._idle.clear()

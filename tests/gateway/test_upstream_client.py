@@ -1,0 +1,266 @@
+"""The hot-path upstream client against a raw asyncio server that says exactly what each case needs:
+keep-alive reuse, chunked bodies, an idle connection the server closed, timeouts, refusals,
+back-pressure, and a close that the server sees."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from tokenplane.gateway.upstream_client import HIGH_WATER_BYTES, UpstreamClient, UpstreamConnectionError
+
+pytestmark = pytest.mark.anyio
+
+HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    return head + await reader.readexactly(length)
+
+
+def ok(body: bytes, *extra: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), b"".join(extra), body)
+
+
+class Server:
+    def __init__(self) -> None:
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.disconnected = asyncio.Event()
+        self.port = 0
+
+
+@pytest.fixture
+async def serve(anyio_backend: str) -> AsyncIterator[Callable[[Handler], Awaitable[Server]]]:
+    servers: list[asyncio.Server] = []
+
+    async def make(handler: Handler) -> Server:
+        state = Server()
+
+        async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            state.connections += 1
+            try:
+                await handler(reader, writer)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                state.disconnected.set()
+            finally:
+                writer.close()
+
+        srv = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+        servers.append(srv)
+        state.port = srv.sockets[0].getsockname()[1]
+        return state
+
+    yield make
+    for srv in servers:
+        srv.close()
+        with contextlib.suppress(Exception):
+            await srv.wait_closed()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def client(**kw: float | None) -> UpstreamClient:
+    kw.setdefault("connect_timeout_s", 2.0)
+    kw.setdefault("read_timeout_s", 2.0)
+    return UpstreamClient(**kw)  # type: ignore[arg-type]
+
+
+async def test_keep_alive_reuses_one_connection_and_sends_the_body(serve) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            req = await read_request(reader)
+            state.requests.append(req)
+            writer.write(ok(b'{"n": %d}' % len(state.requests), b"X-Id: a\r\n"))
+            await writer.drain()
+
+    state = await serve(handler)
+    c = client()
+    for i in range(3):
+        resp = await c.post("127.0.0.1", state.port, HEAD, b'{"i": %d}' % i, {"traceparent": "00-x"})
+        assert resp.status == 200 and resp.headers["x-id"] == "a"
+        assert await resp.read() == b'{"n": %d}' % (i + 1)
+        resp.release()
+    assert state.connections == 1
+    assert state.requests[2].endswith(b'\r\n\r\n{"i": 2}') and b"traceparent: 00-x\r\n" in state.requests[2]
+    assert b"Content-Length: 8\r\n" in state.requests[0]
+    await c.close()
+
+
+async def test_chunked_body_is_dechunked_and_read_in_pieces(serve) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for part in (b"data: a\n\n", b"data: b\n\n", b"data: [DONE]\n\n"):
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()  # keep the connection until the client goes
+
+    state = await serve(handler)
+    c = client()
+    resp = await c.post("127.0.0.1", state.port, HEAD, b"{}")
+    got = []
+    while data := await resp.content.readany():
+        got.append(data)
+    assert b"".join(got) == b"data: a\n\ndata: b\n\ndata: [DONE]\n\n" and len(got) >= 2
+    resp.release()
+    await c.close()
+
+
+async def test_an_idle_connection_the_server_closed_is_replaced_once(serve) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(ok(b"{}"))  # keep-alive by HTTP/1.1 default, then the server drops it anyway
+        await writer.drain()
+
+    state = await serve(handler)
+    c = client()
+    for _ in range(3):
+        resp = await c.post("127.0.0.1", state.port, HEAD, b"{}")
+        assert await resp.read() == b"{}"
+        resp.release()
+        await asyncio.sleep(0.05)  # the close reaches the client, or races the next send
+    assert state.connections == 3
+    await c.close()
+
+
+async def test_a_reused_connection_dropped_before_any_answer_is_retried_on_a_new_one(serve) -> None:
+    async def one_each(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(ok(b"{}"))
+        await writer.drain()
+        await read_request(reader)  # the second request on this connection: dropped unanswered
+
+    state = await serve(one_each)
+    c = client()
+    for _ in range(2):
+        resp = await c.post("127.0.0.1", state.port, HEAD, b"{}")
+        assert await resp.read() == b"{}"
+        resp.release()
+    assert state.connections == 2  # the retry went out on a fresh connection
+    await c.close()
+
+
+async def test_connection_close_is_not_pooled_and_close_aborts(serve) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        await reader.readexactly(1)  # blocks until the client closes: IncompleteReadError
+
+    state = await serve(handler)
+    c = client()
+    resp = await c.post("127.0.0.1", state.port, HEAD, b"{}")
+    assert await resp.content.readany() == b"hello"
+    resp.close()
+    await asyncio.wait_for(state.disconnected.wait(), 2)
+    resp.release()  # after close: a no-op
+
+    async def closing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(ok(b"{}", b"Connection: close\r\n"))
+        await writer.drain()
+        await reader.read()
+
+    other = await serve(closing)
+    for _ in range(2):
+        resp = await c.post("127.0.0.1", other.port, HEAD, b"{}")
+        await resp.read()
+        resp.release()
+    assert other.connections == 2
+    await c.close()
+
+
+async def test_refused_timeouts_and_a_stream_cut_short(serve) -> None:
+    c = client(read_timeout_s=0.2)
+    with pytest.raises(UpstreamConnectionError):
+        await c.post("127.0.0.1", 1, HEAD, b"{}")  # nothing listens on port 1
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(5)
+
+    slow = await serve(silent)
+    with pytest.raises(TimeoutError):
+        await c.post("127.0.0.1", slow.port, HEAD, b"{}")
+    with pytest.raises(TimeoutError):
+        await client(read_timeout_s=5).post("127.0.0.1", slow.port, HEAD, b"{}", headers_timeout_s=0.1)
+
+    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    stalled = await serve(stall)
+    resp = await c.post("127.0.0.1", stalled.port, HEAD, b"{}")
+    assert await resp.content.readany() == b"partial"
+    with pytest.raises(TimeoutError):
+        await resp.content.readany()
+    resp.close()
+
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+        await writer.drain()
+        writer.close()
+
+    broken = await serve(cut)
+    resp = await c.post("127.0.0.1", broken.port, HEAD, b"{}")
+    with pytest.raises(UpstreamConnectionError):
+        await resp.read()
+    resp.close()
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"this is not http\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    bad = await serve(garbage)
+    with pytest.raises(UpstreamConnectionError, match="malformed"):
+        await c.post("127.0.0.1", bad.port, HEAD, b"{}")
+    await c.close()
+
+
+async def test_a_slow_reader_pauses_the_connection(serve) -> None:
+    size = 4 * HIGH_WATER_BYTES
+    sent = asyncio.Event()
+
+    async def big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+        for _ in range(size // 65536):
+            writer.write(b"x" * 65536)
+            await writer.drain()  # blocks while the client has stopped reading
+        sent.set()
+        await reader.read()
+
+    state = await serve(big)
+    c = client()
+    resp = await c.post("127.0.0.1", state.port, HEAD, b"{}")
+    await asyncio.sleep(0.3)
+    buffered = resp._conn._buffered
+    assert resp._conn._paused and buffered <= HIGH_WATER_BYTES + 65536 * 4
+    total = 0
+    while data := await resp.content.readany():
+        total += len(data)
+    assert total == size and sent.is_set()
+    resp.release()
+    await c.close()
