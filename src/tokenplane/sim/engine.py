@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
+
 from tokenplane.core.views import InstanceView, RequestInfo
 from tokenplane.sim.kvcache import KVCache
 from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
@@ -53,6 +55,8 @@ class EngineConfig:
 
 
 WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
+
+_replace = msgspec.structs.replace
 
 
 class Seq:
@@ -114,6 +118,52 @@ ScheduleFn = Callable[[float, Callable[[float, object], None], object], None]
 class ContinuousEngine:
     """One instance: owns its queue, batch and KV cache; the fleet drives it through events."""
 
+    # Slots make the hot attribute reads cheap (more than 30 instance attributes do not fit a
+    # shared-key instance dict); ``__dict__`` stays so that subclasses and tests may add attributes.
+    __slots__ = (
+        "__dict__",
+        "_batch",
+        "_in_run",
+        "_on_finish",
+        "_run_a",
+        "_run_b",
+        "_run_c",
+        "_run_dropped",
+        "_run_k",
+        "_run_n",
+        "_run_start",
+        "_schedule",
+        "_schedule_late",
+        "_step_dt",
+        "_view_template",
+        "bs",
+        "busy",
+        "busy_since",
+        "capacity_tokens",
+        "cfg",
+        "changed",
+        "dec_heap",
+        "dsteps",
+        "id",
+        "index",
+        "kv",
+        "model",
+        "n_dec",
+        "on_token",
+        "outstanding_tokens",
+        "prefilling",
+        "ready",
+        "record",
+        "residues",
+        "running",
+        "slow",
+        "sum_ctx",
+        "tbt",
+        "version",
+        "waiting",
+        "weights",
+    )
+
     def __init__(
         self,
         instance_id: str,
@@ -173,6 +223,13 @@ class ContinuousEngine:
         self.index = 0
         self.changed: set[int] = set()
         self.capacity_tokens = self.kv.total_blocks * self.bs
+        self._view_template = InstanceView(
+            instance_id=self.id,
+            model=record.model,
+            gpu=record.gpu,
+            kv_capacity_tokens=self.capacity_tokens,
+            price_per_hour=record.price_per_hour,
+        )
 
     # -- public interface ----------------------------------------------------------------------
     def fits(self, spec: RequestSpec) -> bool:
@@ -273,19 +330,17 @@ class ContinuousEngine:
         return True
 
     def view(self) -> InstanceView:
-        rec = self.record
-        return InstanceView(
-            instance_id=self.id,
-            model=rec.model,
-            gpu=rec.gpu,
+        # Views are rebuilt at every state change the router may see: copy the fields that never
+        # change from a template (cheaper than building all of them, labels' factory included).
+        running, waiting = len(self.running), len(self.waiting)
+        return _replace(
+            self._view_template,
             ready=self.ready,
-            outstanding_requests=len(self.running) + len(self.waiting),
+            outstanding_requests=running + waiting,
             outstanding_tokens=self.outstanding_tokens,
-            running=len(self.running),
-            waiting=len(self.waiting),
+            running=running,
+            waiting=waiting,
             kv_usage=self.kv.usage,
-            kv_capacity_tokens=self.capacity_tokens,
-            price_per_hour=rec.price_per_hour,
             weights=self.weights,
         )
 
@@ -305,9 +360,15 @@ class ContinuousEngine:
         full, rem = divmod(k, bs)
         total = self.n_dec * full
         if rem:
-            residues, s = self.residues, self.dsteps
-            for j in range(rem):
-                total += residues[(-j - s) % bs]
+            # The residues ``(-j - dsteps) % bs`` for ``j < rem`` form a cyclic window of ``rem``
+            # entries ending at ``(-dsteps) % bs``: sum it as one or two slices.
+            residues = self.residues
+            end = (-self.dsteps) % bs + 1
+            start = end - rem
+            if start >= 0:
+                total += sum(residues[start:end])
+            else:
+                total += sum(residues[:end]) + sum(residues[start:])
         return total
 
     def _release(self, seq: Seq, inflight: int = 0) -> None:
@@ -369,16 +430,16 @@ class ContinuousEngine:
     def _plan_step(self, now: float, force: bool = False) -> bool:
         """Plan one mixed step; False when it would only decode (then a run is cheaper)."""
         kv, bs, cfg = self.kv, self.bs, self.cfg
-        need_dec = self._dec_blocks(1)
+        need_dec = self.residues[(-self.dsteps) % bs]  # _dec_blocks(1), inlined: once per step
         while need_dec > kv.available and self.running:
             self._preempt_newest(now)
-            need_dec = self._dec_blocks(1)
+            need_dec = self.residues[(-self.dsteps) % bs]
         budget = cfg.max_num_batched_tokens - self.n_dec
         batch: list[tuple[Seq, int]] = []
         pairs = 0
         if not kv.allocate(need_dec):  # pragma: no cover - guarded by the loop above
             raise RuntimeError("decode blocks unavailable after preemption")
-        for seq in list(self.prefilling.values()):
+        for seq in self.prefilling.values():  # the loop leaves ``prefilling`` as it is
             if budget <= 0:
                 break
             p = seq.computed
@@ -429,7 +490,7 @@ class ContinuousEngine:
             # Nothing runs, nothing is reclaimable and the head still does not fit: cannot happen
             # for requests that passed fits(); fail loudly rather than spin.
             raise RuntimeError(f"{self.id}: head request cannot be scheduled on an empty engine")
-        num_tokens = self.n_dec + sum(c for _, c in batch)
+        num_tokens = cfg.max_num_batched_tokens - budget  # decoders plus every chunk in the batch
         model = self.model
         dt = model.linear_time(num_tokens) + model.decode_kv_s_per_token * self.sum_ctx
         dt = (dt + model.prefill_s_per_pair * pairs) * self.slow
@@ -446,7 +507,9 @@ class ContinuousEngine:
             heapq.heappop(heap)
         k = heap[0][0] - self.dsteps
         avail = self.kv.available
-        if self._dec_blocks(k) > avail:
+        # Each decoder needs at most k // bs + 1 blocks in k steps: skip the exact count when even
+        # that bound fits (the common case; _end_run counts exactly what it allocates).
+        if self.n_dec * (k // self.bs + 1) > avail and self._dec_blocks(k) > avail:
             lo, hi = 0, k  # largest j with need(j) <= avail
             while lo < hi:
                 mid = (lo + hi + 1) // 2
@@ -458,19 +521,22 @@ class ContinuousEngine:
             if k == 0:
                 self._plan_step(now, force=True)
                 return
-        n = self.n_dec
+        n, c, slow, model = self.n_dec, self.sum_ctx, self.slow, self.model
+        a = model.linear_time(n) * slow
+        b = model.decode_kv_s_per_token * slow
         self._run_dropped = 0
-        a = self.model.linear_time(n) * self.slow
-        self._run_b = self.model.decode_kv_s_per_token * self.slow
         self._run_start = now
         self._run_k = k
         self._run_n = n
         self._run_a = a
-        self._run_c = self.sum_ctx
+        self._run_b = b
+        self._run_c = c
         self._in_run = True
-        self._schedule(now + self._run_time(k), self._end_run, self.version)
+        # _run_time(k), inlined (same expression, so the same float)
+        self._schedule(now + (k * a + b * (k * c + n * k * (k - 1) / 2)), self._end_run, self.version)
 
     def _run_time(self, m: int) -> float:
+        # _plan_run inlines this expression: keep the two identical
         b = self._run_b
         return m * self._run_a + b * (m * self._run_c + self._run_n * m * (m - 1) / 2)
 
@@ -487,10 +553,11 @@ class ContinuousEngine:
                 m = math.ceil((-qb + math.sqrt(qb * qb + 4 * qa * elapsed)) / (2 * qa))
             else:
                 m = math.ceil(elapsed / qb)
-            m = max(0, min(m, self._run_k))
+            k = self._run_k
+            m = 0 if m < 0 else (k if m > k else m)
             while m > 0 and self._run_time(m - 1) >= elapsed:
                 m -= 1
-            while m < self._run_k and self._run_time(m) < elapsed:
+            while m < k and self._run_time(m) < elapsed:
                 m += 1
         if m >= self._run_k and not force:
             return

@@ -133,7 +133,7 @@ class Fleet:
                 views[i] = engines[i].view()
             self._changed.clear()
         decision = self.router.select(info, views, now=now)
-        rec.route_reason = decision.reason.value
+        rec.route_reason = str(decision.reason)  # a StrEnum: its value, cheaper than ``.value``
         if decision.instance_id is None:
             self._fail(rec, spec, now, "no_instance")
             return

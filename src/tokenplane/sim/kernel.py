@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 _LATE = 1 << 62
+_heappush = heapq.heappush
 
 
 class EventLoop:
@@ -25,8 +26,8 @@ class EventLoop:
     def schedule(self, at: float, callback: Callable[[float, Any], None], arg: Any = None) -> None:
         if at < self.now:
             at = self.now
-        self._seq += 1
-        heapq.heappush(self._heap, (at, self._seq, callback, arg))
+        seq = self._seq = self._seq + 1
+        _heappush(self._heap, (at, seq, callback, arg))
 
     def schedule_late(self, at: float, callback: Callable[[float, Any], None], arg: Any = None) -> None:
         """Like :meth:`schedule`, but after every ordinary event at the same time, even later ones."""
@@ -44,6 +45,12 @@ class EventLoop:
     def run(self, until: float | None = None, on_progress: Callable[[float], None] | None = None) -> None:
         heap = self._heap
         pop = heapq.heappop
+        if until is None and on_progress is None:  # the common case, without the per-event checks
+            while heap:
+                at, _, callback, arg = pop(heap)
+                self.now = at
+                callback(at, arg)
+            return
         count = 0
         while heap:
             if until is not None and heap[0][0] > until:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import msgspec
 
 
-class RequestRecord(msgspec.Struct):
-    """Timeline of one request. Times are virtual seconds; ``None`` where the stage never happened."""
+class RequestRecord(msgspec.Struct, gc=False):
+    """Timeline of one request. Times are virtual seconds; ``None`` where the stage never happened.
+
+    ``gc=False``: a run keeps one per request (millions) and they hold only scalars, so they can
+    never be part of a reference cycle; the cyclic collector need not scan them.
+    """
 
     request_id: int
     tenant: str
@@ -71,6 +76,9 @@ class InstanceRecord:
     samples: list[InstanceSample] = field(default_factory=list)
 
 
+_floor, _log = math.floor, math.log  # bound once: TbtHistogram.add runs for every engine step or run
+
+
 @dataclass(slots=True)
 class TbtHistogram:
     """Token-weighted histogram of time between tokens, log-spaced buckets (about 2 % wide).
@@ -85,17 +93,14 @@ class TbtHistogram:
     def add(self, gap_s: float, weight: int) -> None:
         if weight <= 0 or gap_s <= 0:
             return
-        import math
-
-        key = math.floor(math.log(gap_s) * 50.0)
-        self.counts[key] = self.counts.get(key, 0) + weight
+        key = _floor(_log(gap_s) * 50.0)
+        counts = self.counts
+        counts[key] = counts.get(key, 0) + weight
         self.total += weight
 
     def percentile(self, q: float) -> float | None:
         if self.total == 0:
             return None
-        import math
-
         target = q / 100.0 * self.total
         seen = 0
         for key in sorted(self.counts):

@@ -15,7 +15,7 @@ import msgspec
 from tokenplane.core.views import WorkflowContext
 
 
-class RequestSpec(msgspec.Struct, frozen=True):
+class RequestSpec(msgspec.Struct, frozen=True, gc=False):
     """One model call as the workload defines it.
 
     ``block_hashes`` are chained prefix-block ids, one per full block of ``hash_block_tokens`` prompt
@@ -23,6 +23,9 @@ class RequestSpec(msgspec.Struct, frozen=True):
     ``output_tokens`` is what the model will generate; ``max_output_tokens`` what the client
     asked for (the router only sees the latter). ``priority`` and ``latency_budget_s`` are the
     request's own service class: what it asks of the control plane and what its goodput counts against.
+
+    ``gc=False``: specs are immutable and hold only scalars, tuples of ints and frozen structs, so
+    they cannot form reference cycles; the cyclic collector need not track the millions a run makes.
     """
 
     request_id: int
