@@ -41,6 +41,7 @@ from tokenplane.core.breaker import BreakerState
 from tokenplane.core.outcomes import AttemptOutcome, AttemptResult
 from tokenplane.core.retry_budget import AttemptKind
 from tokenplane.core.shedding import LoadShedder
+from tokenplane.core.task_admission import KvWorkingSetLimit, fleet_kv_capacity_tokens
 from tokenplane.core.views import InstanceId, RequestInfo, RouteDecision
 from tokenplane.core.workflow_hints import WorkflowHints
 from tokenplane.gateway.admission import PRIORITY_HEADER, AdmissionMetrics, PoolAdmission, priority_for
@@ -52,6 +53,7 @@ from tokenplane.gateway.economics import CostModel, EconomicsMetrics
 from tokenplane.gateway.errors import (
     BodyTooLarge,
     GatewayError,
+    KvWorkingSetFull,
     MethodNotAllowed,
     NoHealthyInstance,
     RouteNotFound,
@@ -87,6 +89,7 @@ from tokenplane.gateway.tracing import Tracing
 from tokenplane.gateway.upstream_client import UpstreamClient
 from tokenplane.gateway.upstreams import Upstream, UpstreamPool
 from tokenplane.gateway.workflows import AttemptLog, Workflows
+from tokenplane.gateway.working_set import InMemoryWorkingSet
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +124,13 @@ class Gateway:
             config.retry, config.breaker, self.metrics.registry, lambda: (u.id for u in self.pool)
         )
         self.admission: dict[str, PoolAdmission] = {}
-        adm_metrics = AdmissionMetrics(self.metrics.registry, lambda: self.admission)
+        adm_metrics = self._adm_metrics = AdmissionMetrics(self.metrics.registry, lambda: self.admission)
+        self.working_set = InMemoryWorkingSet()
+        self._ws_limits = {
+            m.name: KvWorkingSetLimit(m.kv_working_set_fraction)
+            for m in config.models
+            if m.kv_working_set_fraction is not None
+        }
         for m in self.catalog.models:
             self.admission[m.name] = PoolAdmission(
                 m.name,
@@ -625,6 +634,8 @@ class Gateway:
             tenant.acquire()
             acquired = True
             info = ex.info = self.describe(parsed, model, tenant, now, hints)
+            if self._ws_limits and info.workflow is not None:
+                self._check_working_set(model.name, info, now)
             if self._ledger_on:
                 ex.ledger = AttemptLog(self.workflows)
             if tr is not None:
@@ -696,8 +707,35 @@ class Gateway:
                 self.path_metrics.request(ex.model, ex.tenant, elapsed)
             if ex.ledger is not None:
                 ex.ledger.finish(failed=ex.outcome not in (OUTCOME_OK, OUTCOME_CLIENT_GONE))
+            if info is not None and (wf := info.workflow) is not None and ex.model in self._ws_limits:
+                last = wf.total_steps is not None and wf.step >= wf.total_steps
+                if ex.outcome != OUTCOME_OK or last:  # the task ended or this step failed
+                    self.working_set.drop(ex.model, info.tenant, wf.workflow_id)
             if tr is not None:
                 tr.finish(ex.outcome)
+
+    def _check_working_set(self, model: str, info: RequestInfo, now: float) -> None:
+        """The core's KV working-set limit: a new task waits while the tasks in progress fill the
+        pool's KV cache; an admitted step (re)enters the working set with its projected peak."""
+        limit = self._ws_limits.get(model)
+        if limit is None:
+            return
+        ws = self.working_set
+        capacity = fleet_kv_capacity_tokens(u.view() for u in self.pool.for_model(model))
+        decision = limit.decide(
+            info,
+            active_context_tokens=ws.total(model, now),
+            kv_capacity_tokens=capacity,
+            growth_per_step_tokens=ws.growth(model),
+        )
+        if not decision.admit:
+            self._adm_metrics.rejected.labels(decision.reason.value).inc()
+            raise KvWorkingSetFull(
+                f"{model!r} is busy with tasks in progress ({decision.working_set_tokens} of "
+                f"{decision.budget_tokens} KV tokens); start this task later",
+                retry_after_s=self._retry_after(model, now),
+            )
+        ws.observe(model, info, limit, now)
 
     def _store(self, key: CacheKey, out: web.StreamResponse, ex: Exchange) -> None:
         """Keep a successful JSON answer of the requested model (never an error, never a stream)."""
@@ -742,7 +780,12 @@ class Gateway:
         try:
             tenant = self.authenticate(request)
             raw = await self.read_body(request)
-            return await self.workflows.set_outcome(request.match_info["workflow_id"], tenant, raw)
+            workflow_id = request.match_info["workflow_id"]
+            out = await self.workflows.set_outcome(workflow_id, tenant, raw)
+            if out.status == 200:
+                for model in self._ws_limits:
+                    self.working_set.drop(model, tenant.name, workflow_id)
+            return out
         except GatewayError as exc:
             return error_response(exc)
 

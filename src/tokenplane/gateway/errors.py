@@ -14,6 +14,7 @@ Hierarchy::
     ├── Refused                       429 / 503, with Retry-After
     │   ├── TenantConcurrencyExceeded 429 the tenant has max_concurrency requests in flight
     │   ├── TenantOverShare           429 admission: the tenant's queue or in-flight share is full
+    │   ├── KvWorkingSetFull          429 a new task while the tasks in progress fill the KV cache
     │   ├── PoolSaturated             503 admission: queue full, shed, or expired while queued
     │   └── NoHealthyInstance         503 no ready and healthy instance (or every breaker open)
     └── UpstreamError                 502 / 504, the instance failed us
@@ -122,6 +123,12 @@ class TenantOverShare(Refused):
     status = 429
     type = "rate_limit_error"
     default_code = "tenant_over_share"
+
+
+class KvWorkingSetFull(Refused):
+    status = 429
+    type = "rate_limit_error"
+    default_code = "kv_working_set"
 
 
 class PoolSaturated(Refused):

@@ -1,0 +1,110 @@
+"""The tasks in progress per model pool, for the core's KV working-set limit at the gateway.
+
+:class:`~tokenplane.core.task_admission.KvWorkingSetLimit` admits a new task only while the contexts
+of the tasks already started, each projected to its last step, fit a share of the pool's KV cache.
+This module keeps that state for the gateway shell: per model, per workflow id, the task's projected
+peak context (prompt + max output of its latest step, plus the remaining steps times the learned
+growth per step), the running sum, and the growth per step learned from consecutive steps of the
+same workflow (an exponential average). A task leaves when its last step completes, when a step
+fails, when its outcome is posted, or after ``idle_ttl_s`` without a step (a client that stopped
+without saying so).
+
+It is in-process state that several gateway replicas would have to share; :class:`WorkingSetStore`
+is the small interface a shared implementation (Redis hashes with TTLs) would provide. The clock is
+passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tokenplane.core.task_admission import KvWorkingSetLimit, context_tokens
+from tokenplane.core.views import RequestInfo
+
+DEFAULT_IDLE_TTL_S = 600.0
+GROWTH_ALPHA = 0.2
+
+
+class WorkingSetStore(Protocol):
+    def total(self, model: str, now: float) -> int: ...
+    def growth(self, model: str) -> float: ...
+    def observe(self, model: str, request: RequestInfo, limit: KvWorkingSetLimit, now: float) -> None: ...
+    def drop(self, model: str, tenant: str, workflow_id: str) -> None: ...
+
+
+@dataclass
+class _Task:
+    context: int
+    peak: int
+    step: int
+    seen_s: float
+
+
+@dataclass
+class _Pool:
+    tasks: dict[str, _Task] = field(default_factory=dict)
+    total: int = 0
+    growth: float = 0.0
+    growth_samples: int = 0
+
+
+class InMemoryWorkingSet:
+    """:class:`WorkingSetStore` for one gateway process."""
+
+    def __init__(self, idle_ttl_s: float = DEFAULT_IDLE_TTL_S) -> None:
+        if idle_ttl_s <= 0:
+            raise ValueError("idle_ttl_s must be > 0")
+        self.idle_ttl_s = idle_ttl_s
+        self._pools: dict[str, _Pool] = {}
+
+    def _pool(self, model: str) -> _Pool:
+        pool = self._pools.get(model)
+        if pool is None:
+            pool = self._pools[model] = _Pool()
+        return pool
+
+    def total(self, model: str, now: float) -> int:
+        pool = self._pools.get(model)
+        if pool is None:
+            return 0
+        stale = [wid for wid, t in pool.tasks.items() if now - t.seen_s > self.idle_ttl_s]
+        for wid in stale:
+            pool.total -= pool.tasks.pop(wid).peak
+        return pool.total
+
+    def growth(self, model: str) -> float:
+        pool = self._pools.get(model)
+        return 0.0 if pool is None else pool.growth
+
+    def observe(self, model: str, request: RequestInfo, limit: KvWorkingSetLimit, now: float) -> None:
+        wf = request.workflow
+        if wf is None or (wf.total_steps is not None and wf.total_steps <= 1):
+            return
+        pool = self._pool(model)
+        ctx = context_tokens(request)
+        key = _key(request.tenant, wf.workflow_id)
+        prev = pool.tasks.get(key)
+        if prev is not None and wf.step > prev.step and ctx > prev.context:
+            sample = (ctx - prev.context) / (wf.step - prev.step)
+            pool.growth_samples += 1
+            alpha = max(GROWTH_ALPHA, 1.0 / pool.growth_samples)  # the plain mean until it settles
+            pool.growth += alpha * (sample - pool.growth)
+        peak = limit.request_tokens(request, pool.growth)
+        if prev is not None:
+            pool.total -= prev.peak
+        pool.tasks[key] = _Task(ctx, peak, max(wf.step, prev.step if prev else 0), now)
+        pool.total += peak
+
+    def drop(self, model: str, tenant: str, workflow_id: str) -> None:
+        pool = self._pools.get(model)
+        if pool is not None and (task := pool.tasks.pop(_key(tenant, workflow_id), None)) is not None:
+            pool.total -= task.peak
+
+    def active(self, model: str) -> int:
+        pool = self._pools.get(model)
+        return 0 if pool is None else len(pool.tasks)
+
+
+def _key(tenant: str, workflow_id: str) -> str:
+    return tenant + "\x00" + workflow_id  # workflow ids are the tenant's own namespace
