@@ -28,6 +28,12 @@ vllm:e2e_request_latency_seconds_bucket{engine="0",le="1.0"} 5.0
 vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf"} 6.0
 """
 
+CACHE_INFO = """\
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",enable_prefix_caching="True",num_gpu_blocks="2048"} 1.0
+"""
+
 LLAMACPP_PAGE = """\
 # HELP llamacpp:requests_processing Number of requests processing.
 # TYPE llamacpp:requests_processing gauge
@@ -47,6 +53,9 @@ llamacpp:prompt_tokens_total 99
         ("llamacpp", LLAMACPP_PAGE, RuntimeMetrics(running=1, waiting=4)),
         ("openai", VLLM_PAGE, RuntimeMetrics()),
         ("vllm", "", RuntimeMetrics()),
+        ("vllm", VLLM_PAGE + CACHE_INFO, RuntimeMetrics(5, 7, 0.42, 1000, 640, kv_capacity_tokens=16 * 2048)),
+        ("vllm", VLLM_PAGE + CACHE_INFO.replace('"2048"', '"None"'), RuntimeMetrics(5, 7, 0.42, 1000, 640)),
+        ("llamacpp", LLAMACPP_PAGE + CACHE_INFO, RuntimeMetrics(running=1, waiting=4)),
     ],
 )
 def test_parse_runtime_metrics(kind, page, expected) -> None:
@@ -143,3 +152,16 @@ async def test_in_flight_accounting(upstreams, gateway, names, wait) -> None:
     assert (await task)[0] == 200
     view = (await gw.instances())["up-0"]
     assert view["outstanding_requests"] == 0 and view["outstanding_tokens"] == 0
+
+
+async def test_kv_capacity_scraped_from_the_emulator(emulators, emu_gateway, wait) -> None:
+    """An instance without ``kv_capacity_tokens`` in config reports its cache size through vLLM's
+    ``vllm:cache_config_info``; the gateway's view of it carries that size."""
+    emus = await emulators(2, kv_capacity_tokens=4096)
+    gw = await emu_gateway(emus, instance={"kv_capacity_tokens": 0})
+
+    async def scraped() -> bool:
+        inst = await gw.instances()
+        return all(i["kv_capacity_tokens"] == 4096 for i in inst.values())
+
+    await wait(scraped)

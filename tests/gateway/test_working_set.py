@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
@@ -126,3 +127,28 @@ def test_in_memory_working_set_learns_growth_and_expires() -> None:
     assert ws.total("other", now=0) == 0
     with pytest.raises(ValueError):
         InMemoryWorkingSet(idle_ttl_s=0)
+
+
+async def test_limit_reads_the_cache_size_the_instances_publish(emulators, emu_gateway, names, wait) -> None:
+    """No ``kv_capacity_tokens`` in config: the pool's size comes from each emulated instance's
+    ``vllm:cache_config_info`` (2 x 1024 tokens, budget 1024), and a second new task waits."""
+    emus = await emulators(2, kv_capacity_tokens=1024)
+    gw = await emu_gateway(emus, models=[{"name": names.MODEL, "kv_working_set_fraction": 0.5}])
+
+    async def scraped() -> bool:
+        return all(i["kv_capacity_tokens"] == 1024 for i in (await gw.instances()).values())
+
+    await wait(scraped)
+    client = gw.client().with_options(max_retries=0)
+
+    async def start(wid: str) -> int:
+        try:
+            await client.completions.create(
+                model=names.MODEL, prompt=PROMPT, max_tokens=50, extra_headers=_wf(wid, 1)
+            )
+        except openai.APIStatusError as e:
+            return e.status_code
+        return 200
+
+    assert await start("a") == 200
+    assert await start("b") == 429

@@ -215,6 +215,13 @@ async def test_gateway_view_of_running_waiting_and_kv_under_a_burst(vllm_gateway
     burst of fixed length could end between two polls); leaving aborts the requests in vLLM."""
     client = vllm_gateway.client()
     eps, ids = vllm_gateway.endpoints, vllm_gateway.ids
+    # The KV cache's size as vLLM publishes it (vllm:cache_config_info), not from the gateway's config.
+    for _ in range(50):  # the first scrape may still be on its way
+        sizes = {i: v["kv_capacity_tokens"] for i, v in (await vllm_gateway.instances()).items()}
+        if all(n > 0 for n in sizes.values()):
+            break
+        await asyncio.sleep(0.1)
+    assert all(n > 0 for n in sizes.values()), sizes
     # Few streams: parsing thousands of chunks in this process would starve the gateway it also hosts.
     n_streams, n_plain, max_tokens = 2, 38, 1900  # 1900 tokens x 2 waves: many seconds of work
     peak: dict[str, dict[str, float]] = {

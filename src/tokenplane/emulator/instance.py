@@ -194,7 +194,9 @@ class EmulatedInstance:
             max_model_len=self.max_model_len,
         )
         self.clock = RealtimeClock(speed=settings.speed)
-        self.metrics = VllmMetrics(settings.model_name)
+        self.metrics = VllmMetrics(
+            settings.model_name, block_size=BLOCK_TOKENS, num_gpu_blocks=capacity // BLOCK_TOKENS
+        )
         self.gpu_name = gpu.name
         self.model_spec_name = model.name
         self._reqs: dict[int, Pending] = {}

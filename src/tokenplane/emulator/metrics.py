@@ -29,7 +29,9 @@ FINISH_REASONS = ("stop", "length", "abort")
 
 
 class VllmMetrics:
-    def __init__(self, model_name: str, engine: str = "0") -> None:
+    def __init__(
+        self, model_name: str, engine: str = "0", *, block_size: int = 0, num_gpu_blocks: int = 0
+    ) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
         names = ["model_name", "engine"]
         lv = (model_name, engine)
@@ -46,6 +48,11 @@ class VllmMetrics:
         self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        if num_gpu_blocks:  # vLLM's info gauge: the cache's size as labels, value 1
+            info = ["block_size", "num_gpu_blocks", "enable_prefix_caching"]
+            Gauge(
+                "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", info, registry=r
+            ).labels(str(block_size), str(num_gpu_blocks), "True").set(1)
         self.prefix_queries = counter(
             "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
         )

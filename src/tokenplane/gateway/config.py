@@ -171,7 +171,8 @@ class ModelConfig(_Strict):
     kv_working_set_fraction: float | None = Field(None, gt=0)
     """Start a new multi-step task (a request with workflow hints at step 1) only while the tasks
     in progress, each projected to its last step, fit this share of the pool's KV cache
-    (instances' ``kv_capacity_tokens``); refusals are 429 ``kv_working_set``. Off unless given."""
+    (each instance's ``kv_capacity_tokens``, else the size vLLM publishes in
+    ``vllm:cache_config_info``); refusals are 429 ``kv_working_set``. Off unless given."""
 
     @property
     def served_name(self) -> str:

@@ -68,21 +68,36 @@ class RuntimeMetrics(msgspec.Struct, frozen=True):
     kv_usage: float = 0.0
     prefix_cache_queries: float = 0.0
     prefix_cache_hits: float = 0.0
+    kv_capacity_tokens: int = 0
+    """From vLLM's ``vllm:cache_config_info`` (``num_gpu_blocks`` x ``block_size`` labels); 0: unknown."""
+
+
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
 
 
 def parse_runtime_metrics(text: str, names: Mapping[str, str]) -> RuntimeMetrics:
     """Read the runtime's gauges and counters from a Prometheus text exposition."""
     if not names:
         return RuntimeMetrics()
-    prefixes = tuple(names)
+    prefixes = (*names, CACHE_CONFIG_INFO) if names is _VLLM else tuple(names)
     wanted = "\n".join(line for line in text.splitlines() if line.startswith(prefixes))
     values: dict[str, float] = {}
+    capacity = 0
     for family in text_string_to_metric_families(wanted + "\n"):
         for sample in family.samples:
             field = names.get(sample.name)
             if field is not None:
                 values[field] = values.get(field, 0.0) + float(sample.value)
-    return RuntimeMetrics(**values)
+            elif sample.name == CACHE_CONFIG_INFO:
+                capacity += _cache_tokens(sample.labels)
+    return RuntimeMetrics(**values, kv_capacity_tokens=capacity)
+
+
+def _cache_tokens(labels: Mapping[str, str]) -> int:
+    try:
+        return max(0, int(labels.get("num_gpu_blocks") or 0)) * max(0, int(labels.get("block_size") or 0))
+    except ValueError:  # "None" before the engine has sized its cache
+        return 0
 
 
 class Upstream:
@@ -209,7 +224,7 @@ class Upstream:
                 running=int(m.running),
                 waiting=int(m.waiting),
                 kv_usage=m.kv_usage,
-                kv_capacity_tokens=c.kv_capacity_tokens,
+                kv_capacity_tokens=c.kv_capacity_tokens or m.kv_capacity_tokens,
                 price_per_hour=c.price_per_hour,
                 labels=self.labels,
             )
