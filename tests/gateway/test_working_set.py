@@ -70,6 +70,17 @@ async def test_new_tasks_wait_while_started_ones_fill_the_cache(limited, names) 
     assert status == 429 and body["error"]["code"] == "kv_working_set" and "Retry-After" in headers
     assert body["error"]["type"] == "rate_limit_error"
     assert (await _post(server, names, _wf("a", 2)))[0] == 200  # a started task is never refused
+    async with aiohttp.ClientSession() as http, http.get(server.make_url("/metrics")) as r:
+        gauges = {
+            s.name: s.value
+            for f in text_string_to_metric_families(await r.text())
+            if f.name.startswith("tokenplane_working_set")
+            for s in f.samples
+        }
+    assert (
+        gauges["tokenplane_working_set_tasks"] == 1 and gauges["tokenplane_working_set_budget_tokens"] == 1000
+    )
+    assert 600 < gauges["tokenplane_working_set_tokens"] <= 1000
     no_hints = await _post(server, names, {})
     assert no_hints[0] == 200  # a request with no workflow reuses nothing: not limited
     assert (await _post(server, names, _wf("a", 3)))[0] == 200  # the last step: a leaves

@@ -89,7 +89,7 @@ from tokenplane.gateway.tracing import Tracing
 from tokenplane.gateway.upstream_client import UpstreamClient
 from tokenplane.gateway.upstreams import Upstream, UpstreamPool
 from tokenplane.gateway.workflows import AttemptLog, Workflows
-from tokenplane.gateway.working_set import InMemoryWorkingSet
+from tokenplane.gateway.working_set import InMemoryWorkingSet, WorkingSetCollector
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,10 @@ class Gateway:
             for m in config.models
             if m.kv_working_set_fraction is not None
         }
+        if self._ws_limits:
+            self.metrics.registry.register(
+                WorkingSetCollector(self.working_set, self._working_set_budgets, time.monotonic)
+            )
         for m in self.catalog.models:
             self.admission[m.name] = PoolAdmission(
                 m.name,
@@ -713,6 +717,12 @@ class Gateway:
                     self.working_set.drop(ex.model, info.tenant, wf.workflow_id)
             if tr is not None:
                 tr.finish(ex.outcome)
+
+    def _working_set_budgets(self) -> dict[str, int]:
+        return {
+            model: limit.budget_tokens(fleet_kv_capacity_tokens(u.view() for u in self.pool.for_model(model)))
+            for model, limit in self._ws_limits.items()
+        }
 
     def _check_working_set(self, model: str, info: RequestInfo, now: float) -> None:
         """The core's KV working-set limit: a new task waits while the tasks in progress fill the

@@ -16,8 +16,12 @@ passed in.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from tokenplane.core.task_admission import KvWorkingSetLimit, context_tokens
 from tokenplane.core.views import RequestInfo
@@ -108,3 +112,36 @@ class InMemoryWorkingSet:
 
 def _key(tenant: str, workflow_id: str) -> str:
     return tenant + "\x00" + workflow_id  # workflow ids are the tenant's own namespace
+
+
+class WorkingSetCollector(Collector):
+    """``tokenplane_working_set_tasks{model}``, ``tokenplane_working_set_tokens{model}`` and
+    ``tokenplane_working_set_budget_tokens{model}``, read at scrape time."""
+
+    def __init__(
+        self, store: InMemoryWorkingSet, budgets: Callable[[], Mapping[str, int]], clock: Callable[[], float]
+    ) -> None:
+        self._store = store
+        self._budgets = budgets
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        tasks = GaugeMetricFamily("tokenplane_working_set_tasks", "Tasks in progress", labels=["model"])
+        tokens = GaugeMetricFamily(
+            "tokenplane_working_set_tokens",
+            "KV tokens the tasks in progress are projected to need by their last step",
+            labels=["model"],
+        )
+        budget = GaugeMetricFamily(
+            "tokenplane_working_set_budget_tokens",
+            "KV tokens the tasks in progress may fill (the limit's share of the pool's KV cache)",
+            labels=["model"],
+        )
+        now = self._clock()
+        for model, limit in self._budgets().items():
+            tokens.add_metric([model], self._store.total(model, now))
+            tasks.add_metric([model], self._store.active(model))
+            budget.add_metric([model], limit)
+        yield tasks
+        yield tokens
+        yield budget
