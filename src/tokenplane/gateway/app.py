@@ -89,7 +89,7 @@ from tokenplane.gateway.tracing import Tracing
 from tokenplane.gateway.upstream_client import UpstreamClient
 from tokenplane.gateway.upstreams import Upstream, UpstreamPool
 from tokenplane.gateway.workflows import AttemptLog, Workflows
-from tokenplane.gateway.working_set import InMemoryWorkingSet, WorkingSetCollector
+from tokenplane.gateway.working_set import InMemoryWorkingSet, WorkingSetCollector, WorkingSetStore
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class Gateway:
         )
         self.admission: dict[str, PoolAdmission] = {}
         adm_metrics = self._adm_metrics = AdmissionMetrics(self.metrics.registry, lambda: self.admission)
-        self.working_set = InMemoryWorkingSet()
+        self.working_set: WorkingSetStore = InMemoryWorkingSet()
         self._ws_limits = {
             m.name: KvWorkingSetLimit(m.kv_working_set_fraction)
             for m in config.models
@@ -336,16 +336,9 @@ class Gateway:
         headers: dict[str, str] | None = None,
     ) -> Any:
         assert self.session is not None, "the gateway is not started"
-        client = self.upstream_client
-        if timeout_s is None or (client is not None and upstream.direct is not None):
-            return await open_upstream(
-                self.session, upstream, url, body, headers, client, first_byte_s=timeout_s
-            )
-        try:
-            async with asyncio.timeout(max(0.0, timeout_s)):
-                return await open_upstream(self.session, upstream, url, body, headers, self.upstream_client)
-        except TimeoutError:
-            raise UpstreamTimeout(f"instance {upstream.id} sent no response headers in time") from None
+        return await open_upstream(
+            self.session, upstream, url, body, headers, self.upstream_client, first_byte_s=timeout_s
+        )
 
     async def attempt(
         self,
@@ -718,10 +711,12 @@ class Gateway:
             if tr is not None:
                 tr.finish(ex.outcome)
 
+    def _kv_capacity(self, model: str) -> int:
+        return fleet_kv_capacity_tokens(u.view() for u in self.pool.for_model(model))
+
     def _working_set_budgets(self) -> dict[str, int]:
         return {
-            model: limit.budget_tokens(fleet_kv_capacity_tokens(u.view() for u in self.pool.for_model(model)))
-            for model, limit in self._ws_limits.items()
+            model: limit.budget_tokens(self._kv_capacity(model)) for model, limit in self._ws_limits.items()
         }
 
     def _check_working_set(self, model: str, info: RequestInfo, now: float) -> None:
@@ -731,11 +726,10 @@ class Gateway:
         if limit is None:
             return
         ws = self.working_set
-        capacity = fleet_kv_capacity_tokens(u.view() for u in self.pool.for_model(model))
         decision = limit.decide(
             info,
             active_context_tokens=ws.total(model, now),
-            kv_capacity_tokens=capacity,
+            kv_capacity_tokens=self._kv_capacity(model),
             growth_per_step_tokens=ws.growth(model),
         )
         if not decision.admit:

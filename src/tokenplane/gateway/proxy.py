@@ -16,6 +16,7 @@ Seams for later: retries and stream continuation wrap :func:`open_upstream` / :f
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -117,23 +118,23 @@ async def open_upstream(
 ) -> aiohttp.ClientResponse | UpstreamResponse:
     """Send the request; the caller owns (and must close or release) the response.
 
-    ``extra_headers`` (trace context) are added to the instance's own headers. Plain ``http://``
-    instances go through ``client`` (the hot-path client) when given, with ``first_byte_s`` as the
-    limit for the response headers; others through ``session`` (the caller bounds the wait).
+    ``extra_headers`` (trace context) are added to the instance's own headers. ``first_byte_s``
+    bounds the wait for the response headers. Plain ``http://`` instances go through ``client``
+    (the hot-path client) when given; others through ``session``.
     """
+    cap = None if first_byte_s is None else max(0.0, first_byte_s)
     try:
         direct = upstream.direct
         if client is not None and direct is not None:
-            try:
-                return await client.post(
-                    direct[0], direct[1], upstream.heads[url], body, extra_headers,
-                    headers_timeout_s=None if first_byte_s is None else max(0.0, first_byte_s),
-                )  # fmt: skip
-            except TimeoutError:
-                raise UpstreamTimeout(f"instance {upstream.id} sent no response headers in time") from None
+            return await client.post(
+                direct[0], direct[1], upstream.heads[url], body, extra_headers, headers_timeout_s=cap
+            )
         headers = upstream.headers if not extra_headers else {**upstream.headers, **extra_headers}
-        return await session.post(url, data=body, headers=headers)
+        async with asyncio.timeout(cap):
+            return await session.post(url, data=body, headers=headers)
     except TimeoutError:
+        if cap is not None:
+            raise UpstreamTimeout(f"instance {upstream.id} sent no response headers in time") from None
         raise UpstreamTimeout(f"instance {upstream.id} did not answer in time") from None
     except (aiohttp.ClientError, OSError) as exc:
         raise UpstreamUnavailable(f"instance {upstream.id} is unreachable: {type(exc).__name__}") from None

@@ -158,18 +158,19 @@ def _messages_text(messages: Any) -> str:
     return render_chat(messages)
 
 
-def _prompt(prompt: Any) -> tuple[str, int]:
-    """(text to hash, prompt tokens) for a completions prompt: text, texts, token ids or id lists."""
+def _prompt(prompt: Any) -> tuple[str, int, list[int] | None]:
+    """(text to hash, prompt tokens, the token ids when the prompt is one list of them) for a
+    completions prompt: text, texts, token ids or id lists."""
     if type(prompt) is str:
-        return prompt, approx_tokens(prompt)
+        return prompt, approx_tokens(prompt), None
     if type(prompt) is list and prompt:
         if all(type(p) is str for p in prompt):
             text = "\n".join(prompt)
-            return text, sum(approx_tokens(p) for p in prompt)
+            return text, sum(approx_tokens(p) for p in prompt), None
         if all(_is_int(t) for t in prompt):
-            return " ".join(map(str, prompt)), len(prompt)
+            return " ".join(map(str, prompt)), len(prompt), prompt
         if all(type(p) is list and p and all(_is_int(t) for t in p) for p in prompt):
-            return " ".join(map(str, prompt[0])), sum(len(p) for p in prompt)
+            return " ".join(map(str, prompt[0])), sum(len(p) for p in prompt), None
     raise InvalidParameter(
         "'prompt' must be a string, a non-empty array of strings, of token ids, or of token-id arrays",
         param="prompt",
@@ -205,6 +206,7 @@ def parse_request(raw: bytes, endpoint: Endpoint, limits: LimitsConfig) -> Parse
             )
         text = _messages_text(body["messages"])
         prompt_tokens = approx_tokens(text)
+        token_ids = None
         prompt_param = "messages"
         max_tokens = body.get("max_completion_tokens")
         if max_tokens is None:
@@ -212,7 +214,7 @@ def parse_request(raw: bytes, endpoint: Endpoint, limits: LimitsConfig) -> Parse
     else:
         if "prompt" not in body:
             raise InvalidParameter("'prompt' is required", param="prompt", code="missing_required_parameter")
-        text, prompt_tokens = _prompt(body["prompt"])
+        text, prompt_tokens, token_ids = _prompt(body["prompt"])
         prompt_param = "prompt"
         max_tokens = body.get("max_tokens")
     if max_tokens is not None and max_tokens > limits.max_tokens:
@@ -226,9 +228,4 @@ def parse_request(raw: bytes, endpoint: Endpoint, limits: LimitsConfig) -> Parse
             f"{limits.max_prompt_tokens}",
             param=prompt_param,
         )
-    token_ids = None
-    if endpoint != "chat":
-        prompt = body["prompt"]
-        if type(prompt[0] if type(prompt) is list else None) is int:
-            token_ids = prompt
     return ParsedRequest(endpoint, body, model, stream, text, prompt_tokens, max_tokens, token_ids)

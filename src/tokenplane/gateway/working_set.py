@@ -35,6 +35,7 @@ class WorkingSetStore(Protocol):
     def growth(self, model: str) -> float: ...
     def observe(self, model: str, request: RequestInfo, limit: KvWorkingSetLimit, now: float) -> None: ...
     def drop(self, model: str, tenant: str, workflow_id: str) -> None: ...
+    def active(self, model: str) -> int: ...
 
 
 @dataclass
@@ -119,7 +120,7 @@ class WorkingSetCollector(Collector):
     ``tokenplane_working_set_budget_tokens{model}``, read at scrape time."""
 
     def __init__(
-        self, store: InMemoryWorkingSet, budgets: Callable[[], Mapping[str, int]], clock: Callable[[], float]
+        self, store: WorkingSetStore, budgets: Callable[[], Mapping[str, int]], clock: Callable[[], float]
     ) -> None:
         self._store = store
         self._budgets = budgets

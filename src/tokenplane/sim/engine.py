@@ -532,11 +532,9 @@ class ContinuousEngine:
         self._run_b = b
         self._run_c = c
         self._in_run = True
-        # _run_time(k), inlined (same expression, so the same float)
-        self._schedule(now + (k * a + b * (k * c + n * k * (k - 1) / 2)), self._end_run, self.version)
+        self._schedule(now + self._run_time(k), self._end_run, self.version)
 
     def _run_time(self, m: int) -> float:
-        # _plan_run inlines this expression: keep the two identical
         b = self._run_b
         return m * self._run_a + b * (m * self._run_c + self._run_n * m * (m - 1) / 2)
 
