@@ -70,6 +70,7 @@ class FakeUpstream:
     mode: str = "ok"
     tokens: int = 4
     token_delay_s: float = 0.0
+    answer_delay_s: float = 0.0  # before the response headers (a plain answer's whole generation)
     healthy: bool = True
     metrics: FakeMetrics = field(default_factory=FakeMetrics)
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -149,6 +150,8 @@ class FakeUpstream:
             return web.json_response({"error": err}, status=400)
         if self.mode == "hang":
             await asyncio.sleep(3600)
+        if self.answer_delay_s:
+            await asyncio.sleep(self.answer_delay_s)
         usage = {"prompt_tokens": 7, "completion_tokens": self.tokens, "total_tokens": 7 + self.tokens}
         kind = "chat.completion" if chat else "text_completion"
         if not body.get("stream"):

@@ -227,7 +227,8 @@ def vllm_gateway_config(endpoints: list[VllmEndpoint], model: str) -> dict[str, 
             for i, ep in enumerate(endpoints)
         ],
         "scrape": {"interval_s": 0.5},
-        "health": {"interval_s": 1.0, "failures_to_down": 2, "timeout_s": 2.0},
+        # A CPU vLLM busy with a burst can take seconds to answer /health on 2 cores.
+        "health": {"interval_s": 1.0, "failures_to_down": 2, "timeout_s": 5.0},
     }
 
 

@@ -35,7 +35,7 @@ DEFAULT_ARGS = [
     "--dtype",
     "bfloat16",
     "--max-model-len",
-    "2048",
+    "4096",  # room for a continuation: re-tokenised random text is ~1.5x its token count
     "--max-num-seqs",
     "16",
     "--enable-prefix-caching",

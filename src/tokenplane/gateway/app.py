@@ -52,6 +52,7 @@ from tokenplane.gateway.deferral import DeferralRoom, wants_deferral
 from tokenplane.gateway.economics import CostModel, EconomicsMetrics
 from tokenplane.gateway.errors import (
     BodyTooLarge,
+    DeadlineExceeded,
     GatewayError,
     KvWorkingSetFull,
     MethodNotAllowed,
@@ -351,11 +352,15 @@ class Gateway:
         splicer: StreamSplicer | None,
         first_byte_s: float | None,
         headers: dict[str, str] | None = None,
+        by_budget: bool = False,
     ) -> tuple[AttemptOutcome, web.StreamResponse | None, GatewayError | None]:
         """One attempt on one instance: (its outcome, the client response if it produced one, its error).
 
         The breaker hears of every attempt that started, whatever happened (a probe slot is never
         leaked); the instance's accounting and the router's in-flight view are released in ``finally``.
+        ``by_budget``: ``first_byte_s`` is what is left of the request's latency budget, so running
+        out of it is the request's miss; the instance is not judged by it (a busy instance taken
+        out for its callers' short budgets would push their load onto the rest: the cascade).
         """
         info = ex.info
         assert info is not None
@@ -387,6 +392,10 @@ class Gateway:
                     upstream.record_success()
                     return self._outcome(result, upstream, 0, time.monotonic() - started), out, None
             except UpstreamError as exc:
+                if by_budget and isinstance(exc, UpstreamTimeout):
+                    abandoned = True
+                    miss = DeadlineExceeded(f"no answer from {upstream.id} within the latency budget")
+                    return self._outcome(result, upstream, 0, None), None, miss
                 result = AttemptResult.TIMEOUT if isinstance(exc, UpstreamTimeout) else result
                 self.pool.record_failure(upstream, exc.message)
                 return self._outcome(result, upstream, 0, None), None, exc
@@ -438,6 +447,7 @@ class Gateway:
         first_byte_s: float | None,
         kind: AttemptKind,
         number: int,
+        by_budget: bool = False,
     ) -> tuple[AttemptOutcome, web.StreamResponse | None, GatewayError | None]:
         """:meth:`attempt`, with its span, its upstream-duration metrics and its ledger record."""
         info = ex.info
@@ -465,7 +475,7 @@ class Gateway:
         reason = OUTCOME_CLIENT_GONE
         try:
             outcome, out, error = await self.attempt(
-                request, parsed, body, model, upstream, ex, splicer, first_byte_s, headers
+                request, parsed, body, model, upstream, ex, splicer, first_byte_s, headers, by_budget
             )
             return outcome, out, error
         except GatewayError as exc:
@@ -558,12 +568,16 @@ class Gateway:
                 ex.reason = decision.reason.value
                 if trace is not None and rspan is not None:
                     trace.end(rspan, tokenplane__instance=upstream.id, tokenplane__route__reason=ex.reason)
-                cap = first_byte_cap
-                if ttft_left is not None:
-                    cap = ttft_left if cap is None else min(cap, ttft_left)
+                # The latency budget is a time-to-first-token budget. A stream's headers come at
+                # once, so it bounds their wait; a plain answer's headers come with its last token,
+                # so there the budget bounds only the queue and retries, not a long generation.
+                cap, by_budget = first_byte_cap, False
+                if ttft_left is not None and splicer is not None and (cap is None or ttft_left < cap):
+                    cap, by_budget = ttft_left, True
                 outcome, out, error = await self.accounted_attempt(
-                    request, parsed, raw, model, upstream, ex, splicer, cap, attempt.kind, attempt.number
-                )
+                    request, parsed, raw, model, upstream, ex, splicer, cap, attempt.kind, attempt.number,
+                    by_budget,
+                )  # fmt: skip
                 if error is None and out is not None:
                     plan.close()
                     return out

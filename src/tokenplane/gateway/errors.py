@@ -158,6 +158,12 @@ class UpstreamTimeout(UpstreamError):
     default_code = "upstream_timeout"
 
 
+class DeadlineExceeded(UpstreamTimeout):
+    """The request's own latency budget ran out before the instance answered: a miss, not a fault."""
+
+    default_code = "deadline_exceeded"
+
+
 class _ErrorBody(msgspec.Struct):
     message: str
     type: str
