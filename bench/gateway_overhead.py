@@ -6,8 +6,10 @@ Three kinds of separate processes, on the same fake upstreams, side by side in o
   (4 "instances"), answering JSON or SSE streams of ``--chunks`` events (zero delay, or
   ``--decode-ms`` between events in the decode-like scenario);
 * the proxies under test: a bare aiohttp reverse proxy (``_bare_proxy.py``, round-robin, no parsing:
-  the baseline) and ``tokenplane serve`` with a generated config (prefix-affinity routing over the
-  4 instances, one tenant with a hashed key and a concurrency limit, scraping and health checks on);
+  the baseline), the floor (``_floor_proxy.py``: a raw asyncio protocol server over tokenplane's own
+  upstream client, what the transport alone costs in Python here) and ``tokenplane serve`` with a
+  generated config (prefix-affinity routing over the 4 instances, one tenant with a hashed key and
+  a concurrency limit, scraping and health checks on);
 * a closed-loop load generator (this file with ``--_loadgen``) at a fixed concurrency, one
   keep-alive connection per worker. It is a raw asyncio protocol client rather than aiohttp: it
   shares a core with the upstream, and at 256 decode-like streams it reads ~25,000 chunks a second,
@@ -18,7 +20,7 @@ Three kinds of separate processes, on the same fake upstreams, side by side in o
 Pinning (where ``os.sched_setaffinity`` works and there are 2+ CPUs): upstream and load generator on
 one CPU, the proxies on another, so the proxy under test has a core to itself.
 
-For every scenario the load generator runs direct → bare proxy → gateway, each for a warm-up and
+For every scenario the load generator runs direct → bare proxy → floor → gateway, each for a warm-up and
 then a measurement window. Measured in the window: completed requests, requests/s, TTFT and total
 latency p50/p99 (client side), and the proxy process's CPU seconds (``utime + stime`` from
 ``/proc/<pid>/stat``) divided by the requests completed. "Added" latency is through-proxy minus
@@ -59,7 +61,7 @@ N_PREFIXES = 16
 
 FULL = ["ns-c1", "ns-c32", "ns-c256", "s-c1", "s-c32", "s-c256", "decode-c256"]
 QUICK = ["ns-c1", "ns-c32", "s-c1", "decode-c256"]
-TARGETS = ("direct", "bare", "gateway")
+TARGETS = ("direct", "bare", "floor", "gateway")
 
 
 def _scenario(name: str) -> tuple[str, int]:
@@ -360,7 +362,7 @@ class Fleet:
         lg_cpu, proxy_cpu = cpus
         py = sys.executable
         self.up_ports = _free_ports(N_UPSTREAMS)
-        self.bare_port, self.gw_port = _free_ports(2)
+        self.bare_port, self.floor_port, self.gw_port = _free_ports(3)
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         self.upstream = _spawn(
             [py, str(HERE / "_fake_upstream.py"), "--ports", ",".join(map(str, self.up_ports)),
@@ -372,25 +374,30 @@ class Fleet:
             [py, str(HERE / "_bare_proxy.py"), "--port", str(self.bare_port), "--upstreams", urls],
             proxy_cpu, **quiet,
         )  # fmt: skip
+        self.floor = _spawn(
+            [py, str(HERE / "_floor_proxy.py"), "--port", str(self.floor_port), "--upstreams", urls],
+            proxy_cpu, **quiet,
+        )  # fmt: skip
         cfg = tmp / f"gateway-{self.gw_port}.yaml"
         cfg.write_text(yaml.safe_dump(_gateway_config(self.up_ports, self.gw_port)))
         cli = Path(py).parent / "tokenplane"
         serve = [str(cli)] if cli.exists() else [py, "-c", "from tokenplane.cli import main; main()"]
         self.gateway = _spawn([*serve, "serve", str(cfg)], proxy_cpu, **quiet)
-        self.procs = [self.upstream, self.bare, self.gateway]
+        self.procs = [self.upstream, self.bare, self.floor, self.gateway]
         try:
             _wait_http(f"http://127.0.0.1:{self.up_ports[0]}/health", self.upstream)
             _wait_http(f"http://127.0.0.1:{self.gw_port}/health", self.gateway)
-            # the bare proxy answers POST only: wait for its port to accept
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", self.bare_port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or self.bare.poll() is not None:
-                        raise
-                    time.sleep(0.1)
+            # the bare and floor proxies answer POST only: wait for their ports to accept
+            for port, proc in ((self.bare_port, self.bare), (self.floor_port, self.floor)):
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                        break
+                    except OSError:
+                        if time.monotonic() > deadline or proc.poll() is not None:
+                            raise
+                        time.sleep(0.1)
         except BaseException:
             self.close()
             raise
@@ -399,6 +406,7 @@ class Fleet:
         return [
             {"name": "direct", "ports": self.up_ports, "pid": self.upstream.pid, "auth": False},
             {"name": "bare", "ports": [self.bare_port], "pid": self.bare.pid, "auth": False},
+            {"name": "floor", "ports": [self.floor_port], "pid": self.floor.pid, "auth": False},
             {"name": "gateway", "ports": [self.gw_port], "pid": self.gateway.pid, "auth": True},
         ]
 
@@ -450,15 +458,16 @@ def _run_scenario(
 
 
 def _summarise(name: str, r: dict[str, Any]) -> dict[str, Any]:
-    d, b, g = r["direct"], r["bare"], r["gateway"]
+    d, b, f, g = r["direct"], r["bare"], r["floor"], r["gateway"]
     out: dict[str, Any] = {
         "rps": g["rps"],
         "errors": g["errors"],
         "gateway_cpu_ms_per_req": g["cpu_ms_per_req"],
         "bare_cpu_ms_per_req": b["cpu_ms_per_req"],
         "cpu_ratio_gateway_over_bare": g["cpu_ms_per_req"] / b["cpu_ms_per_req"],
+        "floor_cpu_ms_per_req": f["cpu_ms_per_req"],
     }
-    for who, x in (("", g), ("bare_", b)):
+    for who, x in (("", g), ("bare_", b), ("floor_", f)):
         for m in ("ttft", "total"):
             for q in ("p50", "p99"):
                 out[f"{who}added_{m}_{q}_ms"] = x[f"{m}_{q}_ms"] - d[f"{m}_{q}_ms"]
@@ -474,11 +483,13 @@ def _flat(res: dict[str, dict[str, Any]]) -> dict[str, float]:
         f["gateway_cpu_ms_per_req_c32"] = s["gateway_cpu_ms_per_req"]
         f["bare_cpu_ms_per_req_c32"] = s["bare_cpu_ms_per_req"]
         f["cpu_ratio_gateway_over_bare_c32"] = s["cpu_ratio_gateway_over_bare"]
+        f["floor_cpu_ms_per_req_c32"] = s["floor_cpu_ms_per_req"]
     if "decode-c256" in res:
         s = res["decode-c256"]
         f["gateway_cpu_ms_per_stream_c256"] = s["gateway_cpu_ms_per_req"]
         f["bare_cpu_ms_per_stream_c256"] = s["bare_cpu_ms_per_req"]
         f["cpu_ratio_gateway_over_bare_stream_c256"] = s["cpu_ratio_gateway_over_bare"]
+        f["floor_cpu_ms_per_stream_c256"] = s["floor_cpu_ms_per_req"]
         f["gateway_added_p99_ms_c256_stream"] = s["added_total_p99_ms"]
         f["bare_added_p99_ms_c256_stream"] = s["bare_added_total_p99_ms"]
     if "ns-c1" in res:
@@ -506,7 +517,7 @@ def _table(res: dict[str, dict[str, Any]], settings: dict[str, Any]) -> str:
             x = raw[t]
             added = ["", "", ""]
             if t != "direct":
-                pre = "" if t == "gateway" else "bare_"
+                pre = "" if t == "gateway" else f"{t}_"
                 keys = ("added_ttft_p50_ms", "added_total_p50_ms", "added_total_p99_ms")
                 added = [f"{s[pre + k]:.3f}" for k in keys]
             nums = [x["rps"], x["errors"], x["cpu_ms_per_req"], x["ttft_p50_ms"], x["ttft_p99_ms"]]
