@@ -72,6 +72,7 @@ class FakeUpstream:
     token_delay_s: float = 0.0
     answer_delay_s: float = 0.0  # before the response headers (a plain answer's whole generation)
     healthy: bool = True
+    health_delay_s: float = 0.0  # a busy runtime's HTTP loop: slow to answer /health
     metrics: FakeMetrics = field(default_factory=FakeMetrics)
     requests: list[dict[str, Any]] = field(default_factory=list)
     disconnects: int = 0
@@ -100,6 +101,8 @@ class FakeUpstream:
             await self.server.close()
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.health_delay_s:
+            await asyncio.sleep(self.health_delay_s)
         return web.Response(status=200 if self.healthy else 503, text="ok" if self.healthy else "down")
 
     async def _metrics(self, request: web.Request) -> web.Response:

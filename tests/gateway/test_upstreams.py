@@ -112,6 +112,30 @@ async def test_health_check_takes_instance_out_and_back(upstreams, gateway, wait
 
 
 @pytest.mark.anyio
+async def test_slow_health_checks_while_answering_are_busy_not_down(upstreams, gateway, names) -> None:
+    """Health checks that time out while the instance streams answers do not take it out; the same
+    silence from an idle instance does."""
+    ups = await upstreams(1)
+    ups[0].tokens, ups[0].token_delay_s = 40, 0.03  # a 1.2 s stream
+    gw = await gateway(ups, health={"interval_s": 0.05, "timeout_s": 0.1, "failures_to_down": 2})
+    ups[0].health_delay_s = 0.5
+    stream = await gw.client().completions.create(model=names.MODEL, prompt="x", stream=True)
+    pieces, views = [], []
+    async for chunk in stream:
+        pieces.append(chunk.choices[0].text)
+        if len(pieces) % 8 == 0:
+            views.append((await gw.instances())["up-0"])
+    assert len(pieces) == 40 and len(views) == 5
+    assert all(v["healthy"] and v["consecutive_failures"] == 0 for v in views), views
+
+    deadline = asyncio.get_running_loop().time() + 3
+    while (await gw.instances())["up-0"]["healthy"]:  # idle now: the timeouts count
+        assert asyncio.get_running_loop().time() < deadline, "an idle, silent instance stayed in"
+        await asyncio.sleep(0.05)
+    assert "timed out" in (await gw.instances())["up-0"]["last_error"]
+
+
+@pytest.mark.anyio
 async def test_failed_requests_take_instance_out(upstreams, gateway, names) -> None:
     ups = await upstreams(2)
     # No retries: each failure reaches the client (retries are tested in test_resilience_*.py).

@@ -380,6 +380,7 @@ class Gateway:
             url = upstream.chat_url if parsed.endpoint == "chat" else upstream.completions_url
             try:
                 resp = await self._open(upstream, url, body, first_byte_s, headers)
+                upstream.heard_at = time.monotonic()
                 if resp.status != 200:
                     out = await rejection(resp, upstream)  # raises for 5xx and non-OpenAI 4xx
                     ex.outcome = OUTCOME_UPSTREAM_REJECTED

@@ -239,6 +239,10 @@ class ScrapeConfig(_Strict):
 
 
 class HealthConfig(_Strict):
+    """Active health checks. ``failures_to_down`` consecutive failures (checks and requests alike)
+    take an instance out; a check that times out while the instance kept sending answers is not
+    counted (busy, not down); one answered check brings it back."""
+
     interval_s: float = Field(DEFAULT_HEALTH_INTERVAL_S, gt=0)
     failures_to_down: int = Field(DEFAULT_FAILURES_TO_DOWN, ge=1)
     path: str = DEFAULT_HEALTH_PATH

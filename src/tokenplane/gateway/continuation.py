@@ -215,7 +215,7 @@ class StreamSplicer:
         first_s: float | None = None
         failure: GatewayError | None = None
         base_tokens = self.delivered_tokens
-        reader = SseReader(resp, upstream.id)
+        reader = SseReader(resp, upstream)
         try:
             out = await self._prepare()
             while not done:

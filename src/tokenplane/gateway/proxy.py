@@ -174,6 +174,7 @@ async def relay_json(
         raise UpstreamTimeout(f"instance {upstream.id} did not finish in time") from None
     except (aiohttp.ClientError, OSError) as exc:
         raise UpstreamUnavailable(f"instance {upstream.id} broke off: {type(exc).__name__}") from None
+    upstream.heard_at = time.monotonic()
     try:
         usage = _decode_usage(data).usage
     except msgspec.DecodeError:
@@ -226,30 +227,31 @@ class SseReader:
     at the end stays for the next read), or the error that ended the stream.
     """
 
-    __slots__ = ("_content", "_pending", "_upstream_id")
+    __slots__ = ("_content", "_pending", "_upstream")
 
-    def __init__(self, resp: aiohttp.ClientResponse | UpstreamResponse, upstream_id: str) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse | UpstreamResponse, upstream: Upstream) -> None:
         self._content = resp.content
-        self._upstream_id = upstream_id
+        self._upstream = upstream
         self._pending = b""
 
     async def next_batch(self) -> tuple[bytes, int] | GatewayError:
-        uid = self._upstream_id
+        upstream = self._upstream
         while True:
             try:
                 data = await self._content.readany()
             except TimeoutError:
-                return UpstreamTimeout(f"instance {uid} stalled mid-stream")
+                return UpstreamTimeout(f"instance {upstream.id} stalled mid-stream")
             except (aiohttp.ClientError, OSError) as exc:
-                return UpstreamUnavailable(f"instance {uid} broke the stream: {type(exc).__name__}")
+                return UpstreamUnavailable(f"instance {upstream.id} broke the stream: {type(exc).__name__}")
             if not data:
-                return UpstreamProtocolError(f"instance {uid} closed the stream before [DONE]")
+                return UpstreamProtocolError(f"instance {upstream.id} closed the stream before [DONE]")
+            upstream.heard_at = time.monotonic()
             pending = self._pending
             buf = pending + data if pending else data
             end = buf.rfind(b"\n\n") + 2
             if end < 2:
                 if len(buf) > MAX_PENDING_EVENT_BYTES:
-                    return UpstreamProtocolError(f"instance {uid} sent an unterminated event")
+                    return UpstreamProtocolError(f"instance {upstream.id} sent an unterminated event")
                 self._pending = buf
                 continue
             self._pending = buf[end:]
@@ -271,7 +273,7 @@ async def relay_stream(
     last_payload = b""
     failure: GatewayError | None = None
     done = False
-    reader = SseReader(resp, upstream.id)
+    reader = SseReader(resp, upstream)
     try:
         while not done:
             got = await reader.next_batch()

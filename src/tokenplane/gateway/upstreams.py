@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
@@ -116,6 +117,7 @@ class Upstream:
         "heads",
         "health_url",
         "healthy",
+        "heard_at",
         "id",
         "in_flight",
         "in_flight_tokens",
@@ -161,6 +163,7 @@ class Upstream:
         self.healthy = True  # optimistic until the first probe; a failed request counts too
         self.consecutive_failures = 0
         self.last_error: str | None = None
+        self.heard_at = -math.inf  # monotonic time of the last bytes it sent on the request path
         self.draining = False  # set by the autoscaler: finish in-flight work, take no more
         self._view: InstanceView | None = None
 
@@ -336,14 +339,23 @@ class UpstreamPool:
         await asyncio.gather(*(self.scrape(u) for u in self._by_id.values() if METRIC_NAMES[u.config.kind]))
 
     async def probe(self, upstream: Upstream) -> bool:
+        """One health check. A check that times out while the instance kept sending answers is not
+        counted against it: a runtime whose HTTP loop is busy with a burst is slow to answer
+        ``/health``, not down, and taking it out would push its load onto the rest."""
         assert self._session is not None, "start() the pool first"
         timeout = aiohttp.ClientTimeout(total=self._health.timeout_s)
+        started = time.monotonic()
         try:
             async with self._session.get(upstream.health_url, timeout=timeout) as resp:
                 await resp.read()
                 ok = resp.status == 200
                 reason = f"health check answered {resp.status}"
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except TimeoutError:
+            if upstream.heard_at >= started:
+                log.debug("health check of %s timed out while it was answering: busy, not down", upstream.id)
+                return False
+            ok, reason = False, f"health check timed out after {self._health.timeout_s:g} s"
+        except (aiohttp.ClientError, OSError) as exc:
             ok = False
             reason = f"health check failed: {type(exc).__name__}: {exc}"
         if ok:
