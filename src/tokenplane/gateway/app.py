@@ -391,7 +391,9 @@ class Gateway:
                     clean = True
                     result = AttemptResult.OK
                     upstream.record_success()
-                    return self._outcome(result, upstream, 0, time.monotonic() - started), out, None
+                    latency = time.monotonic() - started
+                    await _send_now(request, out, ex)
+                    return self._outcome(result, upstream, 0, latency), out, None
             except UpstreamError as exc:
                 if by_budget and isinstance(exc, UpstreamTimeout):
                     abandoned = True
@@ -688,6 +690,7 @@ class Gateway:
             if tr is not None and aspan is not None:
                 tr.end(aspan, tokenplane__queue_wait_s=time.monotonic() - admit_s)
             try:
+                ex.cacheable = cache_key is not None
                 out = await self.forward(request, parsed, model, tenant, ex, deadline)
                 if cache_key is not None:
                     self._store(cache_key, out, ex)
@@ -763,7 +766,6 @@ class Gateway:
             body = out.body
             if isinstance(body, bytes):
                 self.response_caches[key[1]].put(key, body)
-                out.headers[CACHE_HEADER] = "miss"
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self.completions(request, "chat")
@@ -865,6 +867,19 @@ def create_app(config: GatewayConfig, *, rng: random.Random | None = None) -> we
         app.router.add_route(method, path, handler)
     app.router.add_route("*", "/{tail:.*}", gw.not_found)
     return app
+
+
+async def _send_now(request: web.Request, out: web.Response, ex: Exchange) -> None:
+    """Write a complete answer before the bookkeeping that follows it (breakers, ledger, metrics,
+    admission release), so none of that is on the client's latency; the handler then returns a
+    response that is already sent, which aiohttp leaves as it is."""
+    if ex.cacheable:
+        out.headers[CACHE_HEADER] = "miss"  # stored by the handler once it is sent
+    try:
+        await out.prepare(request)
+        await out.write_eof()
+    except ConnectionResetError:
+        ex.outcome = OUTCOME_CLIENT_GONE
 
 
 async def _served_by(request: web.Request, response: web.StreamResponse) -> None:

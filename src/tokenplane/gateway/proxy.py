@@ -76,6 +76,7 @@ class Exchange:
 
     __slots__ = (
         "arrival",
+        "cacheable",
         "completion_tokens",
         "events_sent",
         "info",
@@ -104,6 +105,7 @@ class Exchange:
         self.completion_tokens = 0
         self.trace: RequestTrace | None = None  # set when tracing is on
         self.ledger: AttemptLog | None = None  # set when the workflow ledger is on
+        self.cacheable = False  # a successful answer goes into the response cache (header "miss")
 
 
 async def open_upstream(
