@@ -71,6 +71,7 @@ class FakeUpstream:
     tokens: int = 4
     token_delay_s: float = 0.0
     answer_delay_s: float = 0.0  # before the response headers (a plain answer's whole generation)
+    plain_delay_s: float = 0.0  # the same, for plain (non-stream) answers only
     healthy: bool = True
     health_delay_s: float = 0.0  # a busy runtime's HTTP loop: slow to answer /health
     metrics: FakeMetrics = field(default_factory=FakeMetrics)
@@ -155,6 +156,8 @@ class FakeUpstream:
             await asyncio.sleep(3600)
         if self.answer_delay_s:
             await asyncio.sleep(self.answer_delay_s)
+        if self.plain_delay_s and not body.get("stream"):
+            await asyncio.sleep(self.plain_delay_s)
         usage = {"prompt_tokens": 7, "completion_tokens": self.tokens, "total_tokens": 7 + self.tokens}
         kind = "chat.completion" if chat else "text_completion"
         if not body.get("stream"):

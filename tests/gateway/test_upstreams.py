@@ -136,6 +136,38 @@ async def test_slow_health_checks_while_answering_are_busy_not_down(upstreams, g
 
 
 @pytest.mark.anyio
+async def test_timeouts_while_the_instance_answers_others_do_not_take_it_out(
+    upstreams, gateway, names
+) -> None:
+    """A plain request that outlives the upstream timeout on an instance still streaming to others
+    is a long generation on a busy instance: 504 for that request, the instance stays in. With
+    nothing else flowing, the same timeouts take it out."""
+    ups = await upstreams(1)
+    ups[0].tokens, ups[0].token_delay_s, ups[0].plain_delay_s = 40, 0.03, 5.0
+    gw = await gateway(
+        ups, health={"interval_s": 60}, retry={"max_attempts": 1}, limits={"upstream_timeout_s": 0.3}
+    )
+
+    async def streamed() -> int:
+        stream = await gw.client().completions.create(model=names.MODEL, prompt="x", stream=True)
+        return len([c async for c in stream])
+
+    async def plain() -> int:
+        return (await gw.post("/v1/completions", {"model": names.MODEL, "prompt": "y"}))[0]
+
+    task = asyncio.create_task(streamed())
+    statuses = [await plain() for _ in range(3)]
+    assert statuses == [504, 504, 504]
+    view = (await gw.instances())["up-0"]
+    assert view["healthy"] and view["consecutive_failures"] == 0, view
+    assert await task == 40
+
+    statuses = [await plain() for _ in range(2)]  # idle now: the same timeouts count
+    assert statuses == [504, 504]
+    assert not (await gw.instances())["up-0"]["healthy"]
+
+
+@pytest.mark.anyio
 async def test_failed_requests_take_instance_out(upstreams, gateway, names) -> None:
     ups = await upstreams(2)
     # No retries: each failure reaches the client (retries are tested in test_resilience_*.py).

@@ -399,7 +399,10 @@ class Gateway:
                     abandoned = True
                     miss = DeadlineExceeded(f"no answer from {upstream.id} within the latency budget")
                     return self._outcome(result, upstream, 0, None), None, miss
-                result = AttemptResult.TIMEOUT if isinstance(exc, UpstreamTimeout) else result
+                if isinstance(exc, UpstreamTimeout):
+                    result = AttemptResult.TIMEOUT
+                    if upstream.heard_at > started:  # it answered others meanwhile: busy, not down
+                        return self._outcome(result, upstream, 0, None), None, exc
                 self.pool.record_failure(upstream, exc.message)
                 return self._outcome(result, upstream, 0, None), None, exc
             except GatewayError:  # an instance's 4xx that is not an OpenAI error: the caller's fault
