@@ -401,7 +401,7 @@ class Gateway:
                     return self._outcome(result, upstream, 0, None), None, miss
                 if isinstance(exc, UpstreamTimeout):
                     result = AttemptResult.TIMEOUT
-                    if upstream.heard_at > started:  # it answered others meanwhile: busy, not down
+                    if upstream.answered_since(started):  # it answered others meanwhile
                         return self._outcome(result, upstream, 0, None), None, exc
                 self.pool.record_failure(upstream, exc.message)
                 return self._outcome(result, upstream, 0, None), None, exc

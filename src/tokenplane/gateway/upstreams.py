@@ -197,6 +197,11 @@ class Upstream:
             return True
         return False
 
+    def answered_since(self, t: float) -> bool:
+        """It sent bytes on the request path at or after monotonic time ``t``: a timeout that began
+        then is a busy instance's, not a dead one's, and does not count toward taking it out."""
+        return self.heard_at >= t
+
     def record_probe_success(self) -> None:
         self.consecutive_failures = 0
         if not self.healthy:
@@ -351,7 +356,7 @@ class UpstreamPool:
                 ok = resp.status == 200
                 reason = f"health check answered {resp.status}"
         except TimeoutError:
-            if upstream.heard_at >= started:
+            if upstream.answered_since(started):
                 log.debug("health check of %s timed out while it was answering: busy, not down", upstream.id)
                 return False
             ok, reason = False, f"health check timed out after {self._health.timeout_s:g} s"
