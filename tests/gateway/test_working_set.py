@@ -140,6 +140,17 @@ def test_in_memory_working_set_learns_growth_and_expires() -> None:
         InMemoryWorkingSet(idle_ttl_s=0)
 
 
+def test_a_task_seen_again_outlives_one_seen_later_but_idle_since() -> None:
+    ws = InMemoryWorkingSet(idle_ttl_s=60)
+    limit = KvWorkingSetLimit(0.8)
+    ws.observe("m", _req("a", 1, 1000), limit, now=0)
+    ws.observe("m", _req("b", 1, 1000), limit, now=10)
+    ws.observe("m", _req("a", 2, 1000), limit, now=50)  # "a" is back; "b" has been idle since 10
+    a_only = ws.total("m", now=50) - 1100
+    assert ws.total("m", now=75) == a_only and ws.active("m") == 1
+    assert ws.total("m", now=111) == 0
+
+
 async def test_limit_reads_the_cache_size_the_instances_publish(emulators, emu_gateway, names, wait) -> None:
     """No ``kv_capacity_tokens`` in config: the pool's size comes from each emulated instance's
     ``vllm:cache_config_info`` (2 x 1024 tokens, budget 1024), and a second new task waits."""

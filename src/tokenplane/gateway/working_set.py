@@ -55,7 +55,8 @@ class _Pool:
 
 
 class InMemoryWorkingSet:
-    """:class:`WorkingSetStore` for one gateway process."""
+    """:class:`WorkingSetStore` for one gateway process. ``now`` must not go backwards (a monotonic
+    clock): tasks are kept in order of last seen, so expiry stops at the first fresh one."""
 
     def __init__(self, idle_ttl_s: float = DEFAULT_IDLE_TTL_S) -> None:
         if idle_ttl_s <= 0:
@@ -73,9 +74,12 @@ class InMemoryWorkingSet:
         pool = self._pools.get(model)
         if pool is None:
             return 0
-        stale = [wid for wid, t in pool.tasks.items() if now - t.seen_s > self.idle_ttl_s]
-        for wid in stale:
-            pool.total -= pool.tasks.pop(wid).peak
+        tasks = pool.tasks  # least recently seen first (observe re-inserts): stop at the first fresh one
+        while tasks:
+            wid, task = next(iter(tasks.items()))
+            if now - task.seen_s <= self.idle_ttl_s:
+                break
+            pool.total -= tasks.pop(wid).peak
         return pool.total
 
     def growth(self, model: str) -> float:
@@ -98,6 +102,7 @@ class InMemoryWorkingSet:
         peak = limit.request_tokens(request, pool.growth)
         if prev is not None:
             pool.total -= prev.peak
+            del pool.tasks[key]  # re-inserted at the end: the dict stays in order of last seen
         pool.tasks[key] = _Task(ctx, peak, max(wf.step, prev.step if prev else 0), now)
         pool.total += peak
 
