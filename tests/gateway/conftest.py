@@ -74,6 +74,7 @@ class FakeUpstream:
     plain_delay_s: float = 0.0  # the same, for plain (non-stream) answers only
     healthy: bool = True
     health_delay_s: float = 0.0  # a busy runtime's HTTP loop: slow to answer /health
+    metrics_delay_s: float = 0.0  # ... and /metrics
     metrics: FakeMetrics = field(default_factory=FakeMetrics)
     requests: list[dict[str, Any]] = field(default_factory=list)
     disconnects: int = 0
@@ -107,6 +108,8 @@ class FakeUpstream:
         return web.Response(status=200 if self.healthy else 503, text="ok" if self.healthy else "down")
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        if self.metrics_delay_s:
+            await asyncio.sleep(self.metrics_delay_s)
         m = self.metrics
         lab = f'{{engine="0",model_name="{UPSTREAM_MODEL}"}}'
         text = (

@@ -91,6 +91,21 @@ async def test_scraped_metrics_reach_instances_and_metrics(upstreams, gateway, w
 
 
 @pytest.mark.anyio
+async def test_a_slow_scrape_still_lands(upstreams, gateway, wait) -> None:
+    """A runtime busy with a burst answers /metrics late. With a 50 ms interval the scrape used to
+    give up after 0.5 s, so the view never moved; now the scrape timeout is its own setting."""
+    ups = await upstreams(1)
+    ups[0].metrics_delay_s = 0.8
+    ups[0].metrics.waiting = 6
+    gw = await gateway(ups, scrape={"timeout_s": 3.0})
+
+    async def scraped() -> bool:
+        return (await gw.instances())["up-0"]["waiting"] == 6
+
+    await wait(scraped)
+
+
+@pytest.mark.anyio
 async def test_health_check_takes_instance_out_and_back(upstreams, gateway, wait, names) -> None:
     ups = await upstreams(2)
     gw = await gateway(ups)

@@ -57,6 +57,7 @@ DEFAULT_MAX_PROMPT_TOKENS = 131_072
 DEFAULT_UPSTREAM_TIMEOUT_S = 300.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_SCRAPE_INTERVAL_S = 1.0
+DEFAULT_SCRAPE_TIMEOUT_S = 5.0
 DEFAULT_HEALTH_INTERVAL_S = 2.0
 DEFAULT_FAILURES_TO_DOWN = 2
 DEFAULT_HEALTH_PATH = "/health"
@@ -234,7 +235,12 @@ class InstanceConfig(_Strict):
 
 
 class ScrapeConfig(_Strict):
+    """Runtime metrics scrapes. ``timeout_s`` is independent of the interval: a runtime busy with a
+    burst answers ``/metrics`` late, and a late scrape still gives a fresher view than none (the
+    view's ``scraped_at`` says how fresh it is); rounds do not overlap."""
+
     interval_s: float = Field(DEFAULT_SCRAPE_INTERVAL_S, gt=0)
+    timeout_s: float = Field(DEFAULT_SCRAPE_TIMEOUT_S, gt=0)
     enabled: bool = True
 
 

@@ -371,7 +371,7 @@ class UpstreamPool:
 
     async def scrape(self, upstream: Upstream) -> bool:
         assert self._session is not None, "start() the pool first"
-        timeout = aiohttp.ClientTimeout(total=max(0.5, min(5.0, self._scrape.interval_s * 2)))
+        timeout = aiohttp.ClientTimeout(total=self._scrape.timeout_s)
         try:
             async with self._session.get(upstream.metrics_url, timeout=timeout) as resp:
                 if resp.status != 200:
