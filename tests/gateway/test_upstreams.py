@@ -106,6 +106,23 @@ async def test_a_slow_scrape_still_lands(upstreams, gateway, wait) -> None:
 
 
 @pytest.mark.anyio
+async def test_a_hung_instance_does_not_hold_back_the_others_views(upstreams, gateway, wait) -> None:
+    """Scrapes and health checks of one instance that takes seconds to answer run in the background;
+    the others' rounds go on at the interval (they used to wait for the slowest every round)."""
+    ups = await upstreams(2)
+    ups[0].metrics_delay_s = ups[0].health_delay_s = 3.0
+    gw = await gateway(ups, scrape={"timeout_s": 5.0}, health={"timeout_s": 5.0})
+    await asyncio.sleep(0.3)  # the first rounds are under way, up-0's checks among them
+    ups[1].metrics.waiting = 7
+
+    async def scraped() -> bool:
+        return (await gw.instances())["up-1"]["waiting"] == 7
+
+    await wait(scraped, timeout_s=1.5)
+    assert (await gw.instances())["up-0"]["healthy"] is True  # slow is not down: its checks still run
+
+
+@pytest.mark.anyio
 async def test_health_check_takes_instance_out_and_back(upstreams, gateway, wait, names) -> None:
     ups = await upstreams(2)
     gw = await gateway(ups)

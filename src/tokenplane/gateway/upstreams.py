@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -274,6 +275,8 @@ class UpstreamPool:
             self._by_model.setdefault(u.model, []).append(u)
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._probing: dict[str, asyncio.Task[bool]] = {}
+        self._scraping: dict[str, asyncio.Task[bool]] = {}
 
     def __iter__(self) -> Iterator[Upstream]:
         return iter(self._by_id.values())
@@ -321,9 +324,10 @@ class UpstreamPool:
             self._tasks.append(asyncio.create_task(self._every(self._scrape.interval_s, self.scrape_all)))
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        tasks = [*self._tasks, *self._probing.values(), *self._scraping.values()]
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks.clear()
@@ -338,10 +342,11 @@ class UpstreamPool:
             await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
 
     async def probe_all(self) -> None:
-        await asyncio.gather(*(self.probe(u) for u in self._by_id.values()))
+        await _round(self.probe, self._by_id.values(), self._probing, self._health.interval_s)
 
     async def scrape_all(self) -> None:
-        await asyncio.gather(*(self.scrape(u) for u in self._by_id.values() if METRIC_NAMES[u.config.kind]))
+        ups = [u for u in self._by_id.values() if METRIC_NAMES[u.config.kind]]
+        await _round(self.scrape, ups, self._scraping, self._scrape.interval_s)
 
     async def probe(self, upstream: Upstream) -> bool:
         """One health check. A check that times out while the instance kept sending answers is not
@@ -383,3 +388,29 @@ class UpstreamPool:
             return False
         upstream.apply_metrics(metrics, time.time())
         return True
+
+
+async def _round(
+    job: Callable[[Upstream], Coroutine[Any, Any, bool]],
+    upstreams: Iterable[Upstream],
+    running: dict[str, asyncio.Task[bool]],
+    wait_s: float,
+) -> None:
+    """One round of checks: ``job`` for every instance not still busy with its last one, waited
+    for at most ``wait_s``. A slow instance finishes its check in the background and skips rounds
+    meanwhile, so it delays nobody else's (a hung instance used to hold every view back by a timeout)."""
+    tasks = []
+    for u in upstreams:
+        task = running.get(u.id)
+        if task is None:
+            task = running[u.id] = asyncio.create_task(job(u))
+            task.add_done_callback(functools.partial(_check_done, running, u.id))
+        tasks.append(task)
+    if tasks:
+        await asyncio.wait(tasks, timeout=wait_s)
+
+
+def _check_done(running: dict[str, asyncio.Task[bool]], instance_id: str, task: asyncio.Task[bool]) -> None:
+    running.pop(instance_id, None)
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("check of %s failed: %r", instance_id, exc, exc_info=exc)
