@@ -311,3 +311,31 @@ def test_cost_model_sources() -> None:
     assert src == "default" and math.isclose(model.attempt_cost(unknown, 1000, 100), 0.001 + 0.001)
     twin = InstanceConfig(id="c", gpu="A100", **{**base, "model": "llama-3-8b"})
     assert model.costs(twin)[1] == "twin"
+
+
+async def test_in_memory_ledger_forgets_old_settled_workflows_but_keeps_counting(
+    upstreams, gateway, names
+) -> None:
+    """``ledger.memory_max_settled``: the gateway's default ledger stays bounded under endless
+    traffic; an old workflow reads as 404, the economics on /metrics still count it."""
+    ups = await upstreams(1)
+    gw = await gateway(ups, ledger={"memory_max_settled": 2})
+    client = gw.client()
+    costs = []
+    for i in range(5):  # prompts of growing length: each task costs more than the one before
+        messages = [{"role": "user", "content": "plan the next step " * (1 + 20 * i)}]
+        await client.chat.completions.create(
+            model=names.MODEL, messages=messages, max_tokens=4, extra_headers=_wf(f"one-{i}", 1, 1)
+        )
+        status, w = await _raw(gw, "GET", f"/v1/workflows/one-{i}", names.KEY)
+        assert status == 200 and w["outcome"] == "succeeded"
+        costs.append(w["cost_usd"])
+    assert costs == sorted(costs) and costs[0] < costs[-1]
+    for i in range(3):
+        status, _ = await _raw(gw, "GET", f"/v1/workflows/one-{i}", names.KEY)
+        assert status == 404, i
+    m = await _metrics(gw)
+    cpt = m[("tokenplane_cost_per_successful_task_usd", (("tenant", "acme"),))]
+    assert math.isclose(cpt, math.fsum(costs) / 5, rel_tol=1e-9)  # all five, not the two kept
+    ok_key = (("model", names.MODEL), ("outcome", "succeeded"), ("tenant", "acme"))
+    assert {k[1]: v for k, v in m.items() if k[0] == "tokenplane_tasks_total"}[ok_key] == 5

@@ -48,6 +48,7 @@ from tokenplane.control.config import AutoscalingConfig
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.routing import build_router
 from tokenplane.gateway.resilience_config import AdmissionParams, BreakerParams, RetryConfig
+from tokenplane.ledger.store import DEFAULT_MAX_SETTLED
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -261,6 +262,8 @@ class LedgerConfig(_Strict):
     enabled: bool = True
     path: str | None = None
     """SQLite file; ``null`` keeps the ledger in memory (lost on restart, not shared)."""
+    memory_max_settled: int = Field(DEFAULT_MAX_SETTLED, ge=0)
+    """In memory only: settled workflows kept readable (oldest forgotten first; totals keep them)."""
     abandon_after_s: float = Field(600.0, gt=0)
     sweep_interval_s: float = Field(30.0, gt=0)
     prefill_tokens_per_s: float = Field(10_000.0, gt=0)

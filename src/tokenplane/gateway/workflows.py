@@ -171,7 +171,7 @@ class Workflows:
         store = (
             SqliteLedger(cfg.path, abandon_after_s=cfg.abandon_after_s)
             if cfg.path
-            else MemoryLedger(abandon_after_s=cfg.abandon_after_s)
+            else MemoryLedger(abandon_after_s=cfg.abandon_after_s, max_settled=cfg.memory_max_settled)
         )
         self.ledger = AsyncLedger(store)
         self._sweeper = asyncio.create_task(self._sweep_loop())

@@ -8,6 +8,10 @@ task hands everything pending (up to ``max_batch`` writes) to :meth:`LedgerStore
 transaction for the lot, then wakes each writer with its own result. Under load, many concurrent
 requests share a commit; at rest, a write costs one transaction.
 
+A store that declares ``blocking = False`` (:class:`~tokenplane.ledger.store.MemoryLedger`: dicts,
+no I/O) runs on the loop instead, batched the same way: a thread hop per batch would cost more
+than the write itself.
+
 Reads wait for the writes submitted before them (read-your-writes) and then run on the same
 worker thread. A failed batch fails every write in it with the store's exception.
 """
@@ -38,12 +42,15 @@ class AsyncLedger:
         self.store = store
         self.max_batch = max_batch
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenplane-ledger")
+        self._inline = not getattr(store, "blocking", True)
         self._pending: list[tuple[LedgerWrite, asyncio.Future[WorkflowSummary]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self.batches = 0
         """Transactions committed so far (for tests and metrics)."""
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._inline:
+            return fn(*args)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn, *args)
 

@@ -9,24 +9,25 @@ stores derive from :class:`BaseLedger`, which turns the keyword API into :class:
 store implements only :meth:`BaseLedger.write_batch` and the reads.
 
 Every method is synchronous and may block on I/O: the asyncio gateway uses
-:class:`~tokenplane.ledger.aio.AsyncLedger`, which runs a store in one worker thread and batches
-writes.
+:class:`~tokenplane.ledger.aio.AsyncLedger`, which runs a store in one worker thread (or, for a
+store whose ``blocking`` attribute is false, on the loop itself) and batches writes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Literal, Protocol
 
 import msgspec
 
-from tokenplane.core.economics import EconomicsSummary, TaskOutcome, summarize, summarize_by
+from tokenplane.core.economics import EconomicsSummary, OutcomeTotals, TaskOutcome, summarize_totals
 from tokenplane.ledger.errors import InvalidLedgerRecord
 from tokenplane.ledger.records import AttemptRecord, WorkflowSummary, implicit_workflow_id
 from tokenplane.ledger.rules import apply_attempt, apply_outcome, is_stale, parse_outcome
 
 __all__ = [
     "DEFAULT_ABANDON_AFTER_S",
+    "DEFAULT_MAX_SETTLED",
     "BaseLedger",
     "GroupBy",
     "LedgerStore",
@@ -37,6 +38,9 @@ __all__ = [
 
 DEFAULT_ABANDON_AFTER_S = 900.0
 """An open workflow with no attempt for this long is abandoned at the next sweep."""
+
+DEFAULT_MAX_SETTLED = 100_000
+"""Settled workflows :class:`MemoryLedger` keeps readable (about 1 KB each with their attempts)."""
 
 GroupBy = Literal["tenant", "model"]
 
@@ -258,26 +262,82 @@ class BaseLedger:
 
 
 class MemoryLedger(BaseLedger):
-    """In-process :class:`LedgerStore`: dicts, no persistence, not shared between processes."""
+    """In-process :class:`LedgerStore`: dicts, no persistence, not shared between processes.
 
-    def __init__(self, *, abandon_after_s: float = DEFAULT_ABANDON_AFTER_S) -> None:
+    Bounded: it keeps every open workflow (the sweep settles idle ones) and the ``max_settled``
+    most recently settled ones; older settled workflows, their attempts and their requests' costs
+    are forgotten (reads then find nothing, and a late write starts the workflow afresh), while the
+    economics keep counting them. Economics are
+    running sums per tenant, per model and overall, moved on every write, so a read costs
+    O(groups), not O(workflows ever seen); the sweep looks at open workflows only.
+    """
+
+    blocking = False
+    """Its calls do no I/O: :class:`~tokenplane.ledger.aio.AsyncLedger` runs them on the loop."""
+
+    def __init__(
+        self, *, abandon_after_s: float = DEFAULT_ABANDON_AFTER_S, max_settled: int = DEFAULT_MAX_SETTLED
+    ) -> None:
         super().__init__(abandon_after_s=abandon_after_s)
+        if max_settled < 0:
+            raise InvalidLedgerRecord(f"max_settled must be >= 0, got {max_settled!r}")
+        self.max_settled = max_settled
         self._workflows: dict[tuple[str, str], WorkflowSummary] = {}
         self._attempts: dict[tuple[str, str], list[AttemptRecord]] = {}
         self._request_cost: dict[tuple[str, str], float] = {}
+        self._open: dict[tuple[str, str], None] = {}
+        self._settled: dict[tuple[str, str], None] = {}  # oldest settlement first
+        self._sums: dict[tuple[str, str], dict[TaskOutcome, list[float]]] = {}
 
     def write_batch(self, writes: Sequence[LedgerWrite]) -> list[WorkflowSummary]:
         out: list[WorkflowSummary] = []
         for w in writes:
             key = (w.tenant, w.workflow_id)
-            summary = self._apply(self._workflows.get(key), w)
+            prev = self._workflows.get(key)
+            summary = self._apply(prev, w)
+            if prev is not None:
+                self._count(prev, -1)
+            self._count(summary, 1)
             self._workflows[key] = summary
+            if summary.outcome is TaskOutcome.OPEN:
+                self._open[key] = None
+                self._settled.pop(key, None)
+            else:
+                self._open.pop(key, None)
+                self._settled.pop(key, None)
+                self._settled[key] = None
             if isinstance(w, AttemptRecord):
                 self._attempts.setdefault(key, []).append(w)
                 rkey = (w.tenant, w.request_id)
                 self._request_cost[rkey] = self._request_cost.get(rkey, 0.0) + w.cost_usd
             out.append(summary)
+        self._forget_beyond_bound()
         return out
+
+    def _count(self, w: WorkflowSummary, sign: int) -> None:
+        for group in (("", ""), ("tenant", w.tenant), ("model", w.model)):
+            by_outcome = self._sums.get(group)
+            if by_outcome is None:
+                by_outcome = self._sums[group] = {o: [0.0] * 6 for o in TaskOutcome}
+            a = by_outcome[w.outcome]
+            a[0] += sign
+            if a[0] == 0:  # no task left under this outcome: exact zeros, not rounding residue
+                a[1:] = [0.0] * 5
+                continue
+            a[1] += sign * w.cost_usd
+            a[2] += sign * w.failed_attempt_cost_usd
+            a[3] += sign * (w.tokens_in + w.tokens_out)
+            a[4] += sign * w.attempts
+            a[5] += sign * w.failed_attempts
+
+    def _forget_beyond_bound(self) -> None:
+        settled = self._settled
+        while len(settled) > self.max_settled:
+            key = next(iter(settled))
+            del settled[key]
+            del self._workflows[key]
+            for a in self._attempts.pop(key, ()):
+                self._request_cost.pop((a.tenant, a.request_id), None)
 
     def get_workflow(self, workflow_id: str, tenant: str) -> WorkflowSummary | None:
         return self._workflows.get((tenant, workflow_id))
@@ -289,24 +349,30 @@ class MemoryLedger(BaseLedger):
         return self._request_cost.get((tenant, request_id))
 
     def sweep(self, now: float) -> list[WorkflowSummary]:
+        workflows = self._workflows
         stale = [
-            w for w in self._workflows.values() if is_stale(w, now=now, abandon_after_s=self._abandon_after_s)
+            workflows[k]
+            for k in self._open
+            if is_stale(workflows[k], now=now, abandon_after_s=self._abandon_after_s)
         ]
         writes = [
             OutcomeRecord(w.workflow_id, w.tenant, TaskOutcome.ABANDONED, now, "abandoned") for w in stale
         ]
         return self.write_batch(writes)
 
-    def _tasks(self) -> Iterable[WorkflowSummary]:
-        return self._workflows.values()
+    def _summary(self, group: tuple[str, str]) -> EconomicsSummary:
+        by_outcome = self._sums.get(group, {})
+        return summarize_totals(
+            {
+                o: OutcomeTotals(int(a[0]), a[1], a[2], int(a[3]), int(a[4]), int(a[5]))
+                for o, a in by_outcome.items()
+            }
+        )
 
     def tenant_totals(self, tenant: str) -> EconomicsSummary:
-        return summarize(w.task_cost() for w in self._workflows.values() if w.tenant == tenant)
+        return self._summary(("tenant", tenant))
 
     def economics(self, *, by: GroupBy | None = None) -> dict[str, EconomicsSummary]:
-        tasks = [w.task_cost() for w in self._workflows.values()]
         if by is None:
-            return {"": summarize(tasks)}
-        if by == "tenant":
-            return summarize_by(tasks, lambda t: t.tenant)
-        return summarize_by(tasks, lambda t: t.model)
+            return {"": self._summary(("", ""))}
+        return {name: self._summary((kind, name)) for kind, name in sorted(self._sums) if kind == by}
