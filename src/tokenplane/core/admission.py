@@ -102,12 +102,14 @@ class PriorityClass(IntEnum):
     @classmethod
     def from_value(cls, value: int) -> PriorityClass:
         """Clamp any integer priority onto the three classes."""
-        return cls(max(-1, min(1, value)))
+        return _PRIORITY_BY_VALUE[max(-1, min(1, value))]
 
     @property
     def label(self) -> str:
         return self.name.lower()
 
+
+_PRIORITY_BY_VALUE: dict[int, PriorityClass] = {c.value: c for c in PriorityClass}  # cls(v) is slower
 
 DEFAULT_MAX_DEPTH = 1024
 DEFAULT_MAX_PER_TENANT = 256

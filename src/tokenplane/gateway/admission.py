@@ -116,10 +116,14 @@ class PoolAdmission:
     def free(self) -> int:
         return self._capacity() - self.in_flight
 
-    async def admit(self, info: RequestInfo, priority: PriorityClass, now: float) -> float:
-        """Wait until the request may go; returns its deadline. Raises a :class:`Refused`."""
+    async def admit(
+        self, info: RequestInfo, priority: PriorityClass, now: float, capacity: int | None = None
+    ) -> float:
+        """Wait until the request may go; returns its deadline. Raises a :class:`Refused`.
+        ``capacity``: :meth:`capacity` as the caller just read it (saves summing it again)."""
         queue = self.queue
-        adm = queue.offer(info, now=now, capacity=self.free(), priority=priority)
+        free = (self._capacity() if capacity is None else capacity) - self.in_flight
+        adm = queue.offer(info, now=now, capacity=free, priority=priority)
         if adm.evicted is not None:
             self._refuse(adm.evicted.request.request_id, AdmissionReason.SHED_LOW_PRIORITY, now)
         if adm.admitted:

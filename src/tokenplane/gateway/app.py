@@ -667,7 +667,8 @@ class Gateway:
                     tokenplane__tokens__prompt=info.prompt_tokens,
                 )
             pool = self.admission[model.name]
-            if pool.free() <= 0 and pool.capacity() <= 0:
+            capacity = pool.capacity()
+            if capacity <= 0:
                 raise NoHealthyInstance(
                     f"no healthy instance serves {model.name!r} right now",
                     retry_after_s=self._retry_after(model.name, now),
@@ -681,6 +682,7 @@ class Gateway:
             if tr is not None:
                 aspan = tr.start("tokenplane.admission", tokenplane__priority=priority.label)
             admit_s = time.monotonic()
+            deferred = False
             if (
                 self.deferral is not None
                 and tenant.name in self._defer_allowed
@@ -689,7 +691,8 @@ class Gateway:
                 wf = info.workflow
                 await self.deferral[model.name].wait(now, wf.deadline_s if wf is not None else None)
                 priority = PriorityClass.BATCH
-            deadline = await pool.admit(info, priority, now)
+                deferred = True  # the capacity read above may have changed while it waited
+            deadline = await pool.admit(info, priority, now, None if deferred else capacity)
             if tr is not None and aspan is not None:
                 tr.end(aspan, tokenplane__queue_wait_s=time.monotonic() - admit_s)
             try:
