@@ -1,0 +1,89 @@
+"""The in-memory ledger under endless traffic: memory held and the cost of one economics read.
+
+Writes ``--tasks`` one-step tasks (each request without a workflow is its own task) in batches, as
+the gateway does, into two :class:`~tokenplane.ledger.MemoryLedger` s side by side: one bounded at
+``--max-settled`` (the default) and one that never forgets (``max_settled`` above the task count:
+what the ledger did before it was bounded). Prints, for each, the Python heap it holds
+(``tracemalloc``), and the time of one ``economics(by="tenant")`` (what every ``/metrics`` scrape
+reads) against a full scan of the kept workflows (what that read cost before running sums).
+
+Usage::
+
+    python bench/ledger_memory.py                 # 300,000 tasks, ~1 minute
+    python bench/ledger_memory.py --tasks 50000   # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+import tracemalloc
+
+from tokenplane.core.economics import summarize_by
+from tokenplane.ledger import MemoryLedger
+from tokenplane.ledger.store import DEFAULT_MAX_SETTLED, BaseLedger
+
+
+def fill(store: MemoryLedger, tasks: int, batch: int = 32) -> None:
+    writes = []
+    for i in range(tasks):
+        writes.append(
+            BaseLedger.attempt(
+                request_id=f"req-{i}", workflow_id=None, tenant=f"tenant-{i % 8}", instance_id="h100-0",
+                tokens_in=1200, tokens_out=64, cost_usd=1e-5, ok=True, reason="ok", t=float(i), model="m",
+            )
+        )  # fmt: skip
+        if len(writes) == batch:
+            store.write_batch(writes)
+            writes = []
+    store.write_batch(writes)
+
+
+def heap_mb(tasks: int, max_settled: int) -> tuple[float, MemoryLedger]:
+    gc.collect()
+    tracemalloc.start()
+    store = MemoryLedger(max_settled=max_settled)
+    fill(store, tasks)
+    gc.collect()
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return held / 2**20, store
+
+
+def best_ms(fn: object, repeat: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()  # type: ignore[operator]
+        best = min(best, time.perf_counter() - t0)
+    return best * 1000
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", type=int, default=300_000)
+    p.add_argument("--max-settled", type=int, default=DEFAULT_MAX_SETTLED)
+    a = p.parse_args()
+    bounded_mb, bounded = heap_mb(a.tasks, a.max_settled)
+    unbounded_mb, unbounded = heap_mb(a.tasks, a.tasks + 1)
+    sums_ms = best_ms(lambda: bounded.economics(by="tenant"))
+    scan_ms = best_ms(
+        lambda: summarize_by((w.task_cost() for w in unbounded._workflows.values()), lambda t: t.tenant)
+    )
+    same = bounded.economics(by="tenant").keys() == unbounded.economics(by="tenant").keys() and all(
+        bounded.economics(by="tenant")[k].tasks_completed
+        == unbounded.economics(by="tenant")[k].tasks_completed
+        for k in bounded.economics(by="tenant")
+    )
+    print(f"{a.tasks} one-step tasks; bounded at {a.max_settled} settled workflows")
+    print(f"heap_mb_bounded = {bounded_mb:.1f}")
+    print(f"heap_mb_unbounded = {unbounded_mb:.1f}")
+    print(f"heap_ratio_unbounded_over_bounded = {unbounded_mb / bounded_mb:.2f}")
+    print(f"economics_read_ms_running_sums = {sums_ms:.3f}")
+    print(f"economics_read_ms_full_scan = {scan_ms:.1f}")
+    print(f"economics_equal = {same}")
+
+
+if __name__ == "__main__":
+    main()
