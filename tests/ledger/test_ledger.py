@@ -218,7 +218,7 @@ def test_schema_is_portable_sql() -> None:
     upper = SCHEMA_SQL.upper()
     for sqlite_only in ("AUTOINCREMENT", " REAL", " BLOB", "WITHOUT ROWID", "PRAGMA", "STRICT"):
         assert sqlite_only not in upper
-    assert len(schema_statements()) == 6
+    assert len(schema_statements()) == 7
     assert (
         adapt("SELECT a FROM t WHERE x = ? AND y = ?", "format") == "SELECT a FROM t WHERE x = %s AND y = %s"
     )

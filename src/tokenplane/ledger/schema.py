@@ -16,7 +16,8 @@ from typing import Literal
 
 __all__ = ["SCHEMA_SQL", "SCHEMA_VERSION", "Paramstyle", "adapt", "schema_statements"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2 added ``ledger_totals`` (running economics; a store filled by version 1 backfills it once)."""
 
 Paramstyle = Literal["qmark", "format"]
 
@@ -67,6 +68,19 @@ CREATE TABLE IF NOT EXISTS ledger_attempts (
 
 CREATE INDEX IF NOT EXISTS ledger_attempts_by_workflow ON ledger_attempts (tenant, workflow_id, t);
 CREATE INDEX IF NOT EXISTS ledger_attempts_by_request ON ledger_attempts (tenant, request_id);
+
+CREATE TABLE IF NOT EXISTS ledger_totals (
+    grp_kind VARCHAR(8) NOT NULL,
+    grp VARCHAR(256) NOT NULL,
+    outcome VARCHAR(16) NOT NULL,
+    tasks BIGINT NOT NULL,
+    cost_usd DOUBLE PRECISION NOT NULL,
+    failed_attempt_cost_usd DOUBLE PRECISION NOT NULL,
+    tokens BIGINT NOT NULL,
+    attempts BIGINT NOT NULL,
+    failed_attempts BIGINT NOT NULL,
+    PRIMARY KEY (grp_kind, grp, outcome)
+);
 """
 
 

@@ -4,8 +4,11 @@ Writes are read-modify-write per workflow inside one ``BEGIN IMMEDIATE`` transac
 (SQLite takes the write lock up front, so concurrent writers — other processes on the same file —
 serialise instead of failing half-way); the row's new state comes from the same pure rules as
 :class:`~tokenplane.ledger.store.MemoryLedger`. A PostgreSQL store does the same with
-``SELECT ... FOR UPDATE`` on the workflow row. Aggregates run in SQL (``GROUP BY outcome``) and are
-turned into figures by :func:`tokenplane.core.economics.summarize_totals`.
+``SELECT ... FOR UPDATE`` on the workflow row. The economics are running sums in ``ledger_totals``
+(per outcome, for the whole ledger, each tenant and each model), moved in the same transaction as
+the workflows they sum, so reading them costs O(groups) however long the ledger has run (a scan of
+300,000 workflows took about 0.5 s, on every ``/metrics`` scrape); they become figures through
+:func:`tokenplane.core.economics.summarize_totals`.
 
 Thread-safety: the connection is opened with ``check_same_thread=False`` and every use holds a
 lock, so a store may be handed to a worker thread (:class:`~tokenplane.ledger.aio.AsyncLedger`).
@@ -21,11 +24,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenplane.core.economics import EconomicsSummary, OutcomeTotals, TaskOutcome, summarize_totals
+from tokenplane.core.economics import EconomicsSummary, TaskOutcome
 from tokenplane.ledger.errors import LedgerUnavailable
 from tokenplane.ledger.records import AttemptRecord, WorkflowSummary
 from tokenplane.ledger.schema import SCHEMA_VERSION, adapt, schema_statements
-from tokenplane.ledger.store import DEFAULT_ABANDON_AFTER_S, BaseLedger, GroupBy, LedgerWrite
+from tokenplane.ledger.store import (
+    DEFAULT_ABANDON_AFTER_S,
+    TOTALS_FIELDS,
+    BaseLedger,
+    GroupBy,
+    LedgerWrite,
+    TotalsKey,
+    add_to_totals,
+    totals_summary,
+)
 
 __all__ = ["SqliteLedger"]
 
@@ -73,10 +85,22 @@ _ATTEMPT_INSERT = (
     f"INSERT INTO ledger_attempts ({', '.join(_ATTEMPT_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _ATTEMPT_COLUMNS)})"
 )
-_AGG = (
-    "SELECT {key}, outcome, COUNT(*), SUM(cost_usd), SUM(failed_attempt_cost_usd), "
+_TOTALS_ADD = (
+    f"INSERT INTO ledger_totals (grp_kind, grp, outcome, {', '.join(TOTALS_FIELDS)}) "
+    f"VALUES (?, ?, ?, {', '.join('?' for _ in TOTALS_FIELDS)}) "
+    "ON CONFLICT (grp_kind, grp, outcome) DO UPDATE SET tasks = ledger_totals.tasks + excluded.tasks, "
+    + ", ".join(
+        f"{c} = CASE WHEN ledger_totals.tasks + excluded.tasks = 0 THEN 0 "
+        f"ELSE ledger_totals.{c} + excluded.{c} END"
+        for c in TOTALS_FIELDS[1:]
+    )  # no task left under an outcome: exact zeros, not rounding residue
+)
+_TOTALS_SELECT = f"SELECT grp, outcome, {', '.join(TOTALS_FIELDS)} FROM ledger_totals WHERE grp_kind = ?"
+_BACKFILL = (
+    f"INSERT INTO ledger_totals (grp_kind, grp, outcome, {', '.join(TOTALS_FIELDS)}) "
+    "SELECT {kind}, {key}, outcome, COUNT(*), SUM(cost_usd), SUM(failed_attempt_cost_usd), "
     "SUM(tokens_in + tokens_out), SUM(attempts), SUM(failed_attempts) "
-    "FROM ledger_workflows {where} GROUP BY {key}, outcome"
+    "FROM ledger_workflows GROUP BY {key}, outcome"
 )
 
 
@@ -108,6 +132,11 @@ class SqliteLedger(BaseLedger):
             with self._transaction():
                 for stmt in schema_statements():
                     self._db.execute(stmt)
+                row = self._db.execute(
+                    _q("SELECT value FROM ledger_meta WHERE name = ?"), ("schema_version",)
+                ).fetchone()
+                if row is not None and int(row[0]) < 2:  # written before the running totals
+                    self._backfill_totals()
                 self._db.execute(
                     _q(
                         "INSERT INTO ledger_meta (name, value) VALUES (?, ?) "
@@ -117,6 +146,12 @@ class SqliteLedger(BaseLedger):
                 )
         except (sqlite3.Error, OSError) as exc:
             raise LedgerUnavailable(f"ledger {self.path}: cannot open: {exc}") from exc
+
+    def _backfill_totals(self) -> None:
+        """Sum the workflows once into ``ledger_totals`` (a file from schema version 1)."""
+        self._db.execute("DELETE FROM ledger_totals")
+        for kind, key in (("''", "''"), ("'tenant'", "tenant"), ("'model'", "model")):
+            self._db.execute(_BACKFILL.format(kind=kind, key=key))
 
     # -- plumbing ----------------------------------------------------------------------------------
     class _Tx:
@@ -151,6 +186,7 @@ class SqliteLedger(BaseLedger):
         if not writes:
             return []
         out: list[WorkflowSummary] = []
+        delta: dict[TotalsKey, list[float]] = {}
         with self._lock:
             try:
                 with self._transaction() as db:
@@ -159,7 +195,11 @@ class SqliteLedger(BaseLedger):
                             _q(_WF_SELECT + " WHERE tenant = ? AND workflow_id = ?"),
                             (w.tenant, w.workflow_id),
                         ).fetchone()
-                        summary = self._apply(None if row is None else self._row(row), w)
+                        prev = None if row is None else self._row(row)
+                        summary = self._apply(prev, w)
+                        if prev is not None:
+                            add_to_totals(delta, prev, -1)
+                        add_to_totals(delta, summary, 1)
                         db.execute(_q(_WF_UPSERT), tuple(getattr(summary, c) for c in _WF_COLUMNS))
                         if isinstance(w, AttemptRecord):
                             db.execute(
@@ -170,6 +210,24 @@ class SqliteLedger(BaseLedger):
                                 ),
                             )
                         out.append(summary)
+                    db.executemany(
+                        _q(_TOTALS_ADD),
+                        [
+                            (
+                                kind,
+                                group,
+                                outcome.value,
+                                int(a[0]),
+                                a[1],
+                                a[2],
+                                int(a[3]),
+                                int(a[4]),
+                                int(a[5]),
+                            )
+                            for (kind, group, outcome), a in delta.items()
+                            if any(a)
+                        ],
+                    )
             except sqlite3.Error as exc:
                 raise LedgerUnavailable(f"ledger {self.path}: write failed: {exc}") from exc
         return out
@@ -208,27 +266,22 @@ class SqliteLedger(BaseLedger):
         count, total = rows[0]
         return float(total) if count else None
 
-    def _economics(self, key: str, where: str, params: Sequence[Any]) -> dict[str, EconomicsSummary]:
-        rows = self._read(_AGG.format(key=key, where=where), params)
-        groups: dict[str, dict[TaskOutcome, OutcomeTotals]] = {}
-        for group, outcome, n, cost, failed_cost, tokens, attempts, failed in rows:
-            groups.setdefault(str(group), {})[TaskOutcome(outcome)] = OutcomeTotals(
-                int(n),
-                float(cost or 0),
-                float(failed_cost or 0),
-                int(tokens or 0),
-                int(attempts or 0),
-                int(failed or 0),
-            )
-        return {g: summarize_totals(t) for g, t in sorted(groups.items())}
+    def _economics(self, kind: str, group: str | None = None) -> dict[str, EconomicsSummary]:
+        sql, params = _TOTALS_SELECT, [kind]
+        if group is not None:
+            sql, params = sql + " AND grp = ?", [kind, group]
+        groups: dict[str, dict[TaskOutcome, list[float]]] = {}
+        for grp, outcome, *sums in self._read(sql, params):
+            groups.setdefault(str(grp), {})[TaskOutcome(outcome)] = [float(v or 0) for v in sums]
+        return {g: totals_summary(t) for g, t in sorted(groups.items())}
 
     def tenant_totals(self, tenant: str) -> EconomicsSummary:
-        return self._economics("tenant", "WHERE tenant = ?", (tenant,)).get(tenant, summarize_totals({}))
+        return self._economics("tenant", tenant).get(tenant, totals_summary({}))
 
     def economics(self, *, by: GroupBy | None = None) -> dict[str, EconomicsSummary]:
         if by is None:
-            return {"": self._economics("''", "", ()).get("", summarize_totals({}))}
-        return self._economics("tenant" if by == "tenant" else "model", "", ())
+            return {"": self._economics("", "").get("", totals_summary({}))}
+        return self._economics(by)
 
     def close(self) -> None:
         with self._lock:

@@ -15,7 +15,7 @@ store whose ``blocking`` attribute is false, on the loop itself) and batches wri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal, Protocol
 
 import msgspec
@@ -28,12 +28,16 @@ from tokenplane.ledger.rules import apply_attempt, apply_outcome, is_stale, pars
 __all__ = [
     "DEFAULT_ABANDON_AFTER_S",
     "DEFAULT_MAX_SETTLED",
+    "TOTALS_FIELDS",
     "BaseLedger",
     "GroupBy",
     "LedgerStore",
     "LedgerWrite",
     "MemoryLedger",
     "OutcomeRecord",
+    "TotalsKey",
+    "add_to_totals",
+    "totals_summary",
 ]
 
 DEFAULT_ABANDON_AFTER_S = 900.0
@@ -43,6 +47,35 @@ DEFAULT_MAX_SETTLED = 100_000
 """Settled workflows :class:`MemoryLedger` keeps readable (about 1 KB each with their attempts)."""
 
 GroupBy = Literal["tenant", "model"]
+
+TotalsKey = tuple[str, str, TaskOutcome]
+"""``(group kind, group, outcome)``: kind ``""`` (the whole ledger, group ``""``), ``tenant``, ``model``."""
+TOTALS_FIELDS = ("tasks", "cost_usd", "failed_attempt_cost_usd", "tokens", "attempts", "failed_attempts")
+
+
+def add_to_totals(acc: dict[TotalsKey, list[float]], w: WorkflowSummary, sign: int) -> None:
+    """Add (``sign`` 1) or take back (-1) one workflow's part of the running economics: a write
+    takes back the workflow's previous state and adds its new one, so reads never scan workflows."""
+    for kind, group in (("", ""), ("tenant", w.tenant), ("model", w.model)):
+        key = (kind, group, w.outcome)
+        a = acc.get(key)
+        if a is None:
+            a = acc[key] = [0.0] * 6
+        a[0] += sign
+        a[1] += sign * w.cost_usd
+        a[2] += sign * w.failed_attempt_cost_usd
+        a[3] += sign * (w.tokens_in + w.tokens_out)
+        a[4] += sign * w.attempts
+        a[5] += sign * w.failed_attempts
+
+
+def totals_summary(by_outcome: Mapping[TaskOutcome, Sequence[float]]) -> EconomicsSummary:
+    return summarize_totals(
+        {
+            o: OutcomeTotals(int(a[0]), float(a[1]), float(a[2]), int(a[3]), int(a[4]), int(a[5]))
+            for o, a in by_outcome.items()
+        }
+    )
 
 
 class OutcomeRecord(msgspec.Struct, frozen=True):
@@ -287,7 +320,7 @@ class MemoryLedger(BaseLedger):
         self._request_cost: dict[tuple[str, str], float] = {}
         self._open: dict[tuple[str, str], None] = {}
         self._settled: dict[tuple[str, str], None] = {}  # oldest settlement first
-        self._sums: dict[tuple[str, str], dict[TaskOutcome, list[float]]] = {}
+        self._totals: dict[TotalsKey, list[float]] = {}
 
     def write_batch(self, writes: Sequence[LedgerWrite]) -> list[WorkflowSummary]:
         out: list[WorkflowSummary] = []
@@ -296,8 +329,9 @@ class MemoryLedger(BaseLedger):
             prev = self._workflows.get(key)
             summary = self._apply(prev, w)
             if prev is not None:
-                self._count(prev, -1)
-            self._count(summary, 1)
+                add_to_totals(self._totals, prev, -1)
+                self._clear_empty(prev)
+            add_to_totals(self._totals, summary, 1)
             self._workflows[key] = summary
             if summary.outcome is TaskOutcome.OPEN:
                 self._open[key] = None
@@ -314,21 +348,12 @@ class MemoryLedger(BaseLedger):
         self._forget_beyond_bound()
         return out
 
-    def _count(self, w: WorkflowSummary, sign: int) -> None:
-        for group in (("", ""), ("tenant", w.tenant), ("model", w.model)):
-            by_outcome = self._sums.get(group)
-            if by_outcome is None:
-                by_outcome = self._sums[group] = {o: [0.0] * 6 for o in TaskOutcome}
-            a = by_outcome[w.outcome]
-            a[0] += sign
-            if a[0] == 0:  # no task left under this outcome: exact zeros, not rounding residue
-                a[1:] = [0.0] * 5
-                continue
-            a[1] += sign * w.cost_usd
-            a[2] += sign * w.failed_attempt_cost_usd
-            a[3] += sign * (w.tokens_in + w.tokens_out)
-            a[4] += sign * w.attempts
-            a[5] += sign * w.failed_attempts
+    def _clear_empty(self, w: WorkflowSummary) -> None:
+        """Exact zeros, not rounding residue, under an outcome no task holds any more."""
+        for kind, group in (("", ""), ("tenant", w.tenant), ("model", w.model)):
+            a = self._totals[(kind, group, w.outcome)]
+            if a[0] == 0:
+                a[:] = [0.0] * 6
 
     def _forget_beyond_bound(self) -> None:
         settled = self._settled
@@ -360,19 +385,16 @@ class MemoryLedger(BaseLedger):
         ]
         return self.write_batch(writes)
 
-    def _summary(self, group: tuple[str, str]) -> EconomicsSummary:
-        by_outcome = self._sums.get(group, {})
-        return summarize_totals(
-            {
-                o: OutcomeTotals(int(a[0]), a[1], a[2], int(a[3]), int(a[4]), int(a[5]))
-                for o, a in by_outcome.items()
-            }
+    def _summary(self, kind: str, group: str) -> EconomicsSummary:
+        totals = self._totals
+        return totals_summary(
+            {o: totals[(kind, group, o)] for o in TaskOutcome if (kind, group, o) in totals}
         )
 
     def tenant_totals(self, tenant: str) -> EconomicsSummary:
-        return self._summary(("tenant", tenant))
+        return self._summary("tenant", tenant)
 
     def economics(self, *, by: GroupBy | None = None) -> dict[str, EconomicsSummary]:
         if by is None:
-            return {"": self._summary(("", ""))}
-        return {name: self._summary((kind, name)) for kind, name in sorted(self._sums) if kind == by}
+            return {"": self._summary("", "")}
+        return {g: self._summary(by, g) for g in sorted({g for k, g, _ in self._totals if k == by})}

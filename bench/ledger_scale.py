@@ -1,31 +1,35 @@
-"""The in-memory ledger under endless traffic: memory held and the cost of one economics read.
+"""Both ledger stores under endless traffic: memory held, and the cost of one economics read.
 
 Writes ``--tasks`` one-step tasks (each request without a workflow is its own task) in batches, as
 the gateway does, into two :class:`~tokenplane.ledger.MemoryLedger` s side by side: one bounded at
 ``--max-settled`` (the default) and one that never forgets (``max_settled`` above the task count:
 what the ledger did before it was bounded). Prints, for each, the Python heap it holds
 (``tracemalloc``), and the time of one ``economics(by="tenant")`` (what every ``/metrics`` scrape
-reads) against a full scan of the kept workflows (what that read cost before running sums).
+reads) against a full scan of the kept workflows (what that read cost before running sums). Then
+the same tasks into a SQLite file: write time per task, and one economics read from its running
+totals against the ``GROUP BY`` over every workflow row it used to run.
 
 Usage::
 
-    python bench/ledger_memory.py                 # 300,000 tasks, ~1 minute
-    python bench/ledger_memory.py --tasks 50000   # quicker
+    python bench/ledger_scale.py                 # 300,000 tasks, ~1.5 minutes
+    python bench/ledger_scale.py --tasks 50000   # quicker
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import tempfile
 import time
 import tracemalloc
+from pathlib import Path
 
 from tokenplane.core.economics import summarize_by
-from tokenplane.ledger import MemoryLedger
+from tokenplane.ledger import MemoryLedger, SqliteLedger
 from tokenplane.ledger.store import DEFAULT_MAX_SETTLED, BaseLedger
 
 
-def fill(store: MemoryLedger, tasks: int, batch: int = 32) -> None:
+def fill(store: MemoryLedger | SqliteLedger, tasks: int, batch: int = 32) -> None:
     writes = []
     for i in range(tasks):
         writes.append(
@@ -83,6 +87,22 @@ def main() -> None:
     print(f"economics_read_ms_running_sums = {sums_ms:.3f}")
     print(f"economics_read_ms_full_scan = {scan_ms:.1f}")
     print(f"economics_equal = {same}")
+    with tempfile.TemporaryDirectory() as tmp:
+        sqlite = SqliteLedger(Path(tmp) / "ledger.db")
+        t0 = time.perf_counter()
+        fill(sqlite, a.tasks)
+        write_us = (time.perf_counter() - t0) / a.tasks * 1e6
+        totals_ms = best_ms(lambda: sqlite.economics(by="tenant"))
+        group_by = (
+            "SELECT tenant, outcome, COUNT(*), SUM(cost_usd), SUM(failed_attempt_cost_usd), "
+            "SUM(tokens_in + tokens_out), SUM(attempts), SUM(failed_attempts) "
+            "FROM ledger_workflows GROUP BY tenant, outcome"
+        )
+        group_by_ms = best_ms(lambda: sqlite._read(group_by, ()), repeat=3)
+        sqlite.close()
+    print(f"sqlite_write_us_per_task = {write_us:.1f}")
+    print(f"sqlite_economics_read_ms_running_totals = {totals_ms:.3f}")
+    print(f"sqlite_economics_read_ms_group_by_scan = {group_by_ms:.1f}")
 
 
 if __name__ == "__main__":
