@@ -40,6 +40,9 @@ from tokenplane.gateway.config import HealthConfig, InstanceConfig, ScrapeConfig
 
 log = logging.getLogger(__name__)
 
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+_KV_CAPACITY = "kv_capacity_tokens"  # an info metric: read from its labels, not its value
+
 # Sample name -> field of RuntimeMetrics, per runtime kind.
 _VLLM = {
     "vllm:num_requests_running": "running",
@@ -48,6 +51,7 @@ _VLLM = {
     "vllm:gpu_cache_usage_perc": "kv_usage",  # vLLM < 0.10
     "vllm:prefix_cache_queries_total": "prefix_cache_queries",
     "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+    CACHE_CONFIG_INFO: _KV_CAPACITY,
 }
 _LLAMACPP = {
     "llamacpp:requests_processing": "running",
@@ -74,24 +78,20 @@ class RuntimeMetrics(msgspec.Struct, frozen=True):
     """From vLLM's ``vllm:cache_config_info`` (``num_gpu_blocks`` x ``block_size`` labels); 0: unknown."""
 
 
-CACHE_CONFIG_INFO = "vllm:cache_config_info"
-
-
 def parse_runtime_metrics(text: str, names: Mapping[str, str]) -> RuntimeMetrics:
     """Read the runtime's gauges and counters from a Prometheus text exposition."""
     if not names:
         return RuntimeMetrics()
-    prefixes = (*names, CACHE_CONFIG_INFO) if names is _VLLM else tuple(names)
-    wanted = "\n".join(line for line in text.splitlines() if line.startswith(prefixes))
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(tuple(names)))
     values: dict[str, float] = {}
     capacity = 0
     for family in text_string_to_metric_families(wanted + "\n"):
         for sample in family.samples:
             field = names.get(sample.name)
-            if field is not None:
-                values[field] = values.get(field, 0.0) + float(sample.value)
-            elif sample.name == CACHE_CONFIG_INFO:
+            if field == _KV_CAPACITY:
                 capacity += _cache_tokens(sample.labels)
+            elif field is not None:
+                values[field] = values.get(field, 0.0) + float(sample.value)
     return RuntimeMetrics(**values, kv_capacity_tokens=capacity)
 
 
