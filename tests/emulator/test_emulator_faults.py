@@ -50,6 +50,36 @@ def test_die_after_tokens_cuts_streams(emu: SimpleNamespace) -> None:
     emu.run(body)
 
 
+def test_stall_goes_silent_mid_stream_and_aborts_when_the_client_leaves(emu: SimpleNamespace) -> None:
+    async def body(e: Any) -> None:
+        state = await e.faults(die_after_tokens=3, die_count=1, stall=True)
+        assert state["stall"] is True
+        got: list[str] = []
+
+        async def read() -> None:
+            stream = await e.client.chat.completions.create(
+                model=emu.MODEL, messages=MSG, max_tokens=10, stream=True, timeout=30
+            )
+            async for c in stream:
+                if c.choices and c.choices[0].delta.content:
+                    got.append(c.choices[0].delta.content)
+
+        task = asyncio.create_task(read())
+        await _until(lambda: len(got) == 3)
+        await asyncio.sleep(0.3)  # silent: the connection stays open, no token and no end
+        assert len(got) == 3 and not task.done()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await _until(lambda: False, 0.2)
+        m = await e.metrics()
+        assert m["vllm:num_requests_running"] == 0  # the client left: aborted in the engine
+        assert (await e.faults())["stall"] is False  # the count is used up
+        n, exc = await _count_chunks(e, emu.MODEL, 10)
+        assert n == 10 and exc is None
+
+    emu.run(body)
+
+
 def test_die_after_tokens_cuts_non_stream_until_cleared(emu: SimpleNamespace) -> None:
     async def body(e: Any) -> None:
         await e.faults(die_after_tokens=2)

@@ -10,6 +10,7 @@ gap and no duplicate at the splice.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import openai
@@ -137,3 +138,42 @@ def _hash(key: str) -> str:
     from tokenplane.gateway import hash_key
 
     return hash_key(key)
+
+
+async def test_a_stream_that_goes_silent_mid_way_continues_on_another(emulators, emu_gateway) -> None:
+    """A hung sequence: the instance keeps the connection open and sends nothing more. After
+    ``retry.stream_idle_timeout_s`` the stream continues elsewhere, text intact; with nothing else
+    flowing on that instance, the silence counts against it."""
+    emus = await emulators(2)
+    gw = await emu_gateway(emus, retry={"stream_idle_timeout_s": 0.4})
+    await emus[0].faults(die_after_tokens=20, die_count=1, stall=True)  # round-robin: emu-0 first
+    stream = await gw.client().completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=200, stream=True, stream_options={"include_usage": True}
+    )
+    text, _, usage = await _collect(stream, chat=False)
+    expected, _ = _expected_completion(20, 200)
+    assert text == expected
+    assert usage is not None and usage.model_extra["tokenplane"]["attempts"] == 2
+    view = (await gw.instances())["emu-0"]  # (its next health check resets the failure count)
+    assert "stalled mid-stream" in (view["last_error"] or ""), view
+
+
+async def test_a_silent_stream_on_a_busy_instance_moves_without_judging_it(emulators, emu_gateway) -> None:
+    """The same hang while the instance streams another answer: the silent stream still moves on,
+    but an instance that answers others is busy, not down, and keeps a clean record."""
+    emus = await emulators(2)
+    gw = await emu_gateway(emus, retry={"stream_idle_timeout_s": 0.4})
+    await emus[0].faults(die_after_tokens=20, die_count=1, stall=True)
+    client = gw.client()
+    hung = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=200, stream=True)  # emu-0
+    first = await hung.__anext__()  # emu-0 has started it; round-robin sends the next two on
+    other = await client.completions.create(model=MODEL, prompt="x " * 8, max_tokens=8)  # emu-1
+    flowing = await client.completions.create(  # emu-0 again, streaming through the other's silence
+        model=MODEL, prompt="another prompt " * 4, max_tokens=1500, stream=True
+    )
+    texts = await asyncio.gather(_collect(hung, chat=False), _collect(flowing, chat=False))
+    expected, _ = _expected_completion(20, 200)
+    assert first.choices[0].text + texts[0][0] == expected
+    assert len(texts[1][0].split()) == 1500 and other.choices[0].text
+    view = (await gw.instances())["emu-0"]
+    assert view["last_error"] is None, view

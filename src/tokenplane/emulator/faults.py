@@ -9,7 +9,7 @@ default) means every request until cleared.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +23,9 @@ class FaultUpdate(BaseModel):
     die_after_tokens: int | None = Field(default=None, ge=0)
     die_count: int | None = Field(default=None, ge=1)
     exit_process: bool | None = None
+    stall: bool | None = None
+    """With ``die_after_tokens``: stop sending and hold the connection open (a hung sequence) instead of
+    cutting it."""
     slow_factor: float | None = Field(default=None, gt=0)
     error_status: int | None = Field(default=None, ge=400, le=599)
     error_count: int | None = Field(default=None, ge=1)
@@ -31,11 +34,20 @@ class FaultUpdate(BaseModel):
     unhealthy: bool | None = None
 
 
+class DieFault(NamedTuple):
+    """After ``tokens`` tokens: cut the connection, end the whole process, or go silent (``stall``)."""
+
+    tokens: int
+    exit_process: bool
+    stall: bool
+
+
 @dataclass(slots=True)
 class Faults:
     die_after_tokens: int | None = None
     die_count: int | None = None
     exit_process: bool = False
+    stall: bool = False
     slow_factor: float = 1.0
     error_status: int | None = None
     error_count: int | None = None
@@ -51,6 +63,7 @@ class Faults:
             self.die_after_tokens = update.die_after_tokens
             self.die_count = update.die_count
             self.exit_process = bool(update.exit_process)
+            self.stall = bool(update.stall)
         if "error_status" in fields:
             self.error_status = update.error_status
             self.error_count = update.error_count
@@ -66,6 +79,8 @@ class Faults:
             self.die_count = update.die_count
         if "exit_process" in fields and "die_after_tokens" not in fields:
             self.exit_process = bool(update.exit_process)
+        if "stall" in fields and "die_after_tokens" not in fields:
+            self.stall = bool(update.stall)
         if "error_count" in fields and "error_status" not in fields:
             self.error_count = update.error_count
         if "hang_count" in fields and "hang" not in fields:
@@ -75,6 +90,7 @@ class Faults:
         self.die_after_tokens = None
         self.die_count = None
         self.exit_process = False
+        self.stall = False
         self.slow_factor = 1.0
         self.error_status = None
         self.error_count = None
@@ -108,16 +124,17 @@ class Faults:
                 self.hang_count = None
         return True
 
-    def take_die(self) -> tuple[int, bool] | None:
-        """``(tokens, exit_process)`` when this request's connection must be cut, else None."""
+    def take_die(self) -> DieFault | None:
+        """How this request's answer must end early, else None."""
         n = self.die_after_tokens
         if n is None:
             return None
-        exit_process = self.exit_process
+        die = DieFault(n, self.exit_process, self.stall)
         if self.die_count is not None:
             self.die_count -= 1
             if self.die_count <= 0:
                 self.die_after_tokens = None
                 self.die_count = None
                 self.exit_process = False
-        return n, exit_process
+                self.stall = False
+        return die

@@ -26,7 +26,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from tokenplane.core.prompt_hash import approx_tokens, block_hashes
-from tokenplane.emulator.faults import FaultUpdate
+from tokenplane.emulator.faults import DieFault, FaultUpdate
 from tokenplane.emulator.instance import BLOCK_TOKENS, EmulatedInstance, EmulatorSettings, Pending
 from tokenplane.emulator.metrics import CONTENT_TYPE
 from tokenplane.emulator.protocol import (
@@ -188,10 +188,16 @@ def _usage(p: Pending) -> dict[str, Any]:
     }
 
 
-async def _cut(request: web.Request, inst: EmulatedInstance, pending: Pending, exit_process: bool) -> None:
-    """The die fault: drop the connection mid-answer (or the whole process) without a final chunk."""
-    if exit_process:
+async def _cut(request: web.Request, inst: EmulatedInstance, pending: Pending, die: DieFault) -> None:
+    """The die fault: drop the connection mid-answer (or the whole process) without a final chunk,
+    or (``stall``) send nothing more and hold the connection until the client gives up."""
+    if die.exit_process:
         os._exit(17)
+    if die.stall:
+        try:
+            await asyncio.Event().wait()  # until the client goes away (the handler is cancelled)
+        finally:
+            inst.abort(pending)
     inst.abort(pending)
     transport = request.transport
     if transport is not None:
@@ -209,15 +215,15 @@ async def _complete(
     pending: Pending,
     gen: TextGen,
     chat: bool,
-    die: tuple[int, bool] | None,
+    die: DieFault | None,
     echo_text: str,
 ) -> web.StreamResponse:
     while not pending.finished:
         if die is not None and pending.n >= die[0]:
-            await _cut(request, inst, pending, die[1])
+            await _cut(request, inst, pending, die)
         await pending.wait()
     if die is not None and pending.n >= die[0]:
-        await _cut(request, inst, pending, die[1])
+        await _cut(request, inst, pending, die)
     text = "".join(gen.words(pending.n))
     created = int(time.time())
     model = inst.settings.model_name
@@ -260,7 +266,7 @@ async def _stream(
     *,
     include_usage: bool,
     continuous_usage: bool,
-    die: tuple[int, bool] | None,
+    die: DieFault | None,
 ) -> web.StreamResponse:
     resp = web.StreamResponse(headers=_SSE_HEADERS)
     await resp.prepare(request)
@@ -329,8 +335,8 @@ async def _stream(
                     parts.append(chunk(word, None))
             sent = n
             await resp.write(b"".join(parts))
-        if limit is not None and sent >= limit:
-            await _cut(request, inst, pending, die[1] if die else False)
+        if die is not None and sent >= die.tokens:
+            await _cut(request, inst, pending, die)
         if pending.finished and sent >= pending.n:
             break
         await pending.wait()

@@ -59,6 +59,7 @@ from tokenplane.gateway.errors import (
     NoHealthyInstance,
     RouteNotFound,
     UpstreamError,
+    UpstreamStalled,
     UpstreamTimeout,
     error_response,
 )
@@ -419,7 +420,9 @@ class Gateway:
             latency = end.latency_s
             if end.failure is not None:
                 result = AttemptResult.FAILED_MID_STREAM
-                self.pool.record_failure(upstream, end.failure.message)
+                failure = end.failure
+                if not (isinstance(failure, UpstreamStalled) and failure.busy):  # else: busy, not down
+                    self.pool.record_failure(upstream, failure.message)
                 return self._outcome(result, upstream, delivered, latency), splicer.out, end.failure
             result = AttemptResult.OK
             if not end.client_gone:
@@ -533,8 +536,12 @@ class Gateway:
         body = parsed.body
         body["model"] = model.served_name
         raw = _encode(body)
-        splicer = StreamSplicer(request, parsed.endpoint == "chat") if parsed.stream else None
         res = self.resilience
+        splicer = (
+            StreamSplicer(request, parsed.endpoint == "chat", res.retry.stream_idle_timeout_s)
+            if parsed.stream
+            else None
+        )
         now = time.monotonic()
         # A stream's deadline for continuations is its whole life: the admission deadline is a
         # time-to-first-token budget, which bounds retries only while nothing was delivered.

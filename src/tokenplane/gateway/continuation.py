@@ -124,12 +124,14 @@ class StreamSplicer:
         "finished",
         "first_prompt_tokens",
         "head",
+        "idle_timeout_s",
         "out",
         "request",
     )
 
-    def __init__(self, request: web.Request, chat: bool) -> None:
+    def __init__(self, request: web.Request, chat: bool, idle_timeout_s: float | None = None) -> None:
         self.request = request
+        self.idle_timeout_s = idle_timeout_s
         self.out: web.StreamResponse | None = None
         self._chat = chat
         self._sent: list[bytes] = []
@@ -215,7 +217,7 @@ class StreamSplicer:
         first_s: float | None = None
         failure: GatewayError | None = None
         base_tokens = self.delivered_tokens
-        reader = SseReader(resp, upstream)
+        reader = SseReader(resp, upstream, self.idle_timeout_s)
         try:
             out = await self._prepare()
             while not done:

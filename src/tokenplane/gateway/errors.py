@@ -158,6 +158,15 @@ class UpstreamTimeout(UpstreamError):
     default_code = "upstream_timeout"
 
 
+class UpstreamStalled(UpstreamTimeout):
+    """A stream that went silent mid-way. ``busy``: the instance kept answering other requests
+    meanwhile, so the stream moves on but the instance is not taken out for it."""
+
+    def __init__(self, message: str, *, busy: bool) -> None:
+        super().__init__(message)
+        self.busy = busy
+
+
 class DeadlineExceeded(UpstreamTimeout):
     """The request's own latency budget ran out before the instance answered: a miss, not a fault."""
 

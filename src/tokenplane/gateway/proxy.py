@@ -32,6 +32,7 @@ from tokenplane.gateway.errors import (
     InvalidRequest,
     UpstreamError,
     UpstreamProtocolError,
+    UpstreamStalled,
     UpstreamTimeout,
     UpstreamUnavailable,
     error_event,
@@ -229,25 +230,47 @@ class SseReader:
     at the end stays for the next read), or the error that ended the stream.
     """
 
-    __slots__ = ("_content", "_pending", "_upstream")
+    __slots__ = ("_content", "_idle_s", "_last_at", "_pending", "_resp", "_upstream", "_wrap_s")
 
-    def __init__(self, resp: aiohttp.ClientResponse | UpstreamResponse, upstream: Upstream) -> None:
+    def __init__(
+        self,
+        resp: aiohttp.ClientResponse | UpstreamResponse,
+        upstream: Upstream,
+        idle_s: float | None = None,
+    ) -> None:
+        self._resp = resp
         self._content = resp.content
         self._upstream = upstream
         self._pending = b""
+        self._idle_s = idle_s
+        self._wrap_s: float | None = None
+        self._last_at = time.monotonic()  # the headers just came
 
     async def next_batch(self) -> tuple[bytes, int] | GatewayError:
+        """``idle_s`` (once the first bytes came): the longest silence allowed between reads; the
+        request's own read timeout before that (a queued or prefilling request is silent)."""
         upstream = self._upstream
         while True:
             try:
-                data = await self._content.readany()
+                if self._wrap_s is None:
+                    data = await self._content.readany()
+                else:  # an aiohttp response: its read timeout was fixed when it was sent
+                    async with asyncio.timeout(self._wrap_s):
+                        data = await self._content.readany()
             except TimeoutError:
-                return UpstreamTimeout(f"instance {upstream.id} stalled mid-stream")
+                busy = upstream.heard_at > self._last_at  # others were answered since this went quiet
+                return UpstreamStalled(
+                    f"instance {upstream.id} stalled mid-stream "
+                    f"({time.monotonic() - self._last_at:.1f} s silent)",
+                    busy=busy,
+                )
             except (aiohttp.ClientError, OSError) as exc:
                 return UpstreamUnavailable(f"instance {upstream.id} broke the stream: {type(exc).__name__}")
             if not data:
                 return UpstreamProtocolError(f"instance {upstream.id} closed the stream before [DONE]")
-            upstream.heard_at = time.monotonic()
+            self._last_at = upstream.heard_at = time.monotonic()
+            if self._idle_s is not None:
+                self._arm(self._idle_s)
             pending = self._pending
             buf = pending + data if pending else data
             end = buf.rfind(b"\n\n") + 2
@@ -258,6 +281,14 @@ class SseReader:
                 continue
             self._pending = buf[end:]
             return buf, end
+
+    def _arm(self, idle_s: float) -> None:
+        self._idle_s = None  # once
+        resp = self._resp
+        if isinstance(resp, UpstreamResponse):
+            resp.read_timeout_s = idle_s if resp.read_timeout_s is None else min(idle_s, resp.read_timeout_s)
+        else:
+            self._wrap_s = idle_s
 
 
 async def relay_stream(

@@ -222,7 +222,7 @@ class _Content:
         self._resp = resp
 
     async def readany(self) -> bytes:
-        return await self._resp._conn.readany(self._resp._read_timeout_s)
+        return await self._resp._conn.readany(self._resp.read_timeout_s)
 
     async def read(self, n: int = -1) -> bytes:
         out = bytearray()
@@ -235,12 +235,12 @@ class _Content:
 
 
 class UpstreamResponse:
-    __slots__ = ("_client", "_conn", "_done", "_read_timeout_s", "content", "status")
+    __slots__ = ("_client", "_conn", "_done", "content", "read_timeout_s", "status")
 
     def __init__(self, client: UpstreamClient, conn: _Connection, read_timeout_s: float | None) -> None:
         self._client = client
         self._conn = conn
-        self._read_timeout_s = read_timeout_s
+        self.read_timeout_s = read_timeout_s  # per read of the body; a stream may shorten it
         self._done = False
         self.status = conn.status
         self.content = _Content(self)
