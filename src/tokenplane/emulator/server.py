@@ -316,7 +316,8 @@ async def _stream(
                 }
             ],
         }
-        await resp.write(event(first))
+    # As vLLM: the role chunk goes out with the first token (a queued or prefilling request is silent).
+    role = event(first) if chat else b""
     sent = 0
     limit = die[0] if die is not None else None
     while True:
@@ -324,7 +325,8 @@ async def _stream(
         if limit is not None and n > limit:
             n = limit
         if n > sent:
-            parts = []
+            parts = [role] if role else []
+            role = b""
             for i in range(sent, n):
                 word = gen.word()
                 if pending.finished and i == pending.n - 1 and pending.finish_reason != "abort":

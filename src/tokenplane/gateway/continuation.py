@@ -217,7 +217,8 @@ class StreamSplicer:
         first_s: float | None = None
         failure: GatewayError | None = None
         base_tokens = self.delivered_tokens
-        reader = SseReader(resp, upstream, self.idle_timeout_s)
+        reader = SseReader(resp, upstream)
+        idle_s = self.idle_timeout_s  # armed at the first token
         try:
             out = await self._prepare()
             while not done:
@@ -239,6 +240,8 @@ class StreamSplicer:
                         tokens += n
                         if first_s is None:
                             first_s = time.monotonic() - started
+                            if idle_s is not None:
+                                reader.arm(idle_s)
                         if ex.ttft_s is None:
                             ex.ttft_s = time.monotonic() - ex.arrival
                 if malformed:

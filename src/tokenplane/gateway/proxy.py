@@ -230,25 +230,27 @@ class SseReader:
     at the end stays for the next read), or the error that ended the stream.
     """
 
-    __slots__ = ("_content", "_idle_s", "_last_at", "_pending", "_resp", "_upstream", "_wrap_s")
+    __slots__ = ("_content", "_last_at", "_pending", "_resp", "_upstream", "_wrap_s")
 
-    def __init__(
-        self,
-        resp: aiohttp.ClientResponse | UpstreamResponse,
-        upstream: Upstream,
-        idle_s: float | None = None,
-    ) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse | UpstreamResponse, upstream: Upstream) -> None:
         self._resp = resp
         self._content = resp.content
         self._upstream = upstream
         self._pending = b""
-        self._idle_s = idle_s
         self._wrap_s: float | None = None
         self._last_at = time.monotonic()  # the headers just came
 
+    def arm(self, idle_s: float) -> None:
+        """From now on at most ``idle_s`` of silence between reads (the relay arms it at the first
+        token: before that a queued or prefilling request is rightly silent, and a runtime may
+        send a role chunk first)."""
+        resp = self._resp
+        if isinstance(resp, UpstreamResponse):
+            resp.read_timeout_s = idle_s if resp.read_timeout_s is None else min(idle_s, resp.read_timeout_s)
+        else:  # an aiohttp response: its read timeout was fixed when it was sent
+            self._wrap_s = idle_s
+
     async def next_batch(self) -> tuple[bytes, int] | GatewayError:
-        """``idle_s`` (once the first bytes came): the longest silence allowed between reads; the
-        request's own read timeout before that (a queued or prefilling request is silent)."""
         upstream = self._upstream
         while True:
             try:
@@ -269,8 +271,6 @@ class SseReader:
             if not data:
                 return UpstreamProtocolError(f"instance {upstream.id} closed the stream before [DONE]")
             self._last_at = upstream.heard_at = time.monotonic()
-            if self._idle_s is not None:
-                self._arm(self._idle_s)
             pending = self._pending
             buf = pending + data if pending else data
             end = buf.rfind(b"\n\n") + 2
@@ -281,14 +281,6 @@ class SseReader:
                 continue
             self._pending = buf[end:]
             return buf, end
-
-    def _arm(self, idle_s: float) -> None:
-        self._idle_s = None  # once
-        resp = self._resp
-        if isinstance(resp, UpstreamResponse):
-            resp.read_timeout_s = idle_s if resp.read_timeout_s is None else min(idle_s, resp.read_timeout_s)
-        else:
-            self._wrap_s = idle_s
 
 
 async def relay_stream(
