@@ -35,6 +35,8 @@ Usage::
     python bench/gateway_overhead.py            # a table (~2.5 minutes)
     python bench/gateway_overhead.py --quick    # ~30 s
     python bench/gateway_overhead.py --json     # one JSON object keyed by scenario, plus "summary"
+    git worktree add /tmp/base HEAD~5 && python bench/gateway_overhead.py --baseline-src /tmp/base
+        # also that commit's gateway, measured just before and just after this one (A/B ratio)
 """
 
 from __future__ import annotations
@@ -356,7 +358,14 @@ def _gateway_config(upstream_ports: list[int], port: int) -> dict[str, Any]:
 class Fleet:
     """The upstream process (for one upstream setting) and both proxies in front of it."""
 
-    def __init__(self, chunks: int, delay_ms: float, cpus: tuple[int | None, int | None], tmp: Path) -> None:
+    def __init__(
+        self,
+        chunks: int,
+        delay_ms: float,
+        cpus: tuple[int | None, int | None],
+        tmp: Path,
+        baseline_src: Path | None = None,
+    ) -> None:
         import yaml
 
         lg_cpu, proxy_cpu = cpus
@@ -384,9 +393,19 @@ class Fleet:
         serve = [str(cli)] if cli.exists() else [py, "-c", "from tokenplane.cli import main; main()"]
         self.gateway = _spawn([*serve, "serve", str(cfg)], proxy_cpu, **quiet)
         self.procs = [self.upstream, self.bare, self.floor, self.gateway]
+        self.baseline: subprocess.Popen[bytes] | None = None
+        if baseline_src is not None:  # the same gateway config, served by another source tree
+            self.bl_port = _free_ports(1)[0]
+            bl_cfg = tmp / f"gateway-{self.bl_port}.yaml"
+            bl_cfg.write_text(yaml.safe_dump(_gateway_config(self.up_ports, self.bl_port)))
+            env = {**os.environ, "PYTHONPATH": str(baseline_src / "src")}
+            self.baseline = _spawn([*serve, "serve", str(bl_cfg)], proxy_cpu, env=env, **quiet)
+            self.procs.append(self.baseline)
         try:
             _wait_http(f"http://127.0.0.1:{self.up_ports[0]}/health", self.upstream)
             _wait_http(f"http://127.0.0.1:{self.gw_port}/health", self.gateway)
+            if self.baseline is not None:
+                _wait_http(f"http://127.0.0.1:{self.bl_port}/health", self.baseline)
             # the bare and floor proxies answer POST only: wait for their ports to accept
             for port, proc in ((self.bare_port, self.bare), (self.floor_port, self.floor)):
                 deadline = time.monotonic() + 30
@@ -403,12 +422,16 @@ class Fleet:
             raise
 
     def targets(self) -> list[dict[str, Any]]:
-        return [
+        out = [
             {"name": "direct", "ports": self.up_ports, "pid": self.upstream.pid, "auth": False},
             {"name": "bare", "ports": [self.bare_port], "pid": self.bare.pid, "auth": False},
             {"name": "floor", "ports": [self.floor_port], "pid": self.floor.pid, "auth": False},
-            {"name": "gateway", "ports": [self.gw_port], "pid": self.gateway.pid, "auth": True},
         ]
+        gateway = {"name": "gateway", "ports": [self.gw_port], "pid": self.gateway.pid, "auth": True}
+        if self.baseline is None:
+            return [*out, gateway]
+        baseline = {"name": "baseline", "ports": [self.bl_port], "pid": self.baseline.pid, "auth": True}
+        return [*out, baseline, gateway, dict(baseline, name="baseline2")]  # around the gateway
 
     def close(self) -> None:
         for p in self.procs:
@@ -467,6 +490,10 @@ def _summarise(name: str, r: dict[str, Any]) -> dict[str, Any]:
         "cpu_ratio_gateway_over_bare": g["cpu_ms_per_req"] / b["cpu_ms_per_req"],
         "floor_cpu_ms_per_req": f["cpu_ms_per_req"],
     }
+    if "baseline" in r:  # measured before and after the gateway: drift on both sides
+        bl = (r["baseline"]["cpu_ms_per_req"] + r["baseline2"]["cpu_ms_per_req"]) / 2
+        out["baseline_cpu_ms_per_req"] = bl
+        out["cpu_ratio_gateway_over_baseline"] = g["cpu_ms_per_req"] / bl
     for who, x in (("", g), ("bare_", b), ("floor_", f)):
         for m in ("ttft", "total"):
             for q in ("p50", "p99"):
@@ -484,12 +511,16 @@ def _flat(res: dict[str, dict[str, Any]]) -> dict[str, float]:
         f["bare_cpu_ms_per_req_c32"] = s["bare_cpu_ms_per_req"]
         f["cpu_ratio_gateway_over_bare_c32"] = s["cpu_ratio_gateway_over_bare"]
         f["floor_cpu_ms_per_req_c32"] = s["floor_cpu_ms_per_req"]
+        if "cpu_ratio_gateway_over_baseline" in s:
+            f["cpu_ratio_gateway_over_baseline_c32"] = s["cpu_ratio_gateway_over_baseline"]
     if "decode-c256" in res:
         s = res["decode-c256"]
         f["gateway_cpu_ms_per_stream_c256"] = s["gateway_cpu_ms_per_req"]
         f["bare_cpu_ms_per_stream_c256"] = s["bare_cpu_ms_per_req"]
         f["cpu_ratio_gateway_over_bare_stream_c256"] = s["cpu_ratio_gateway_over_bare"]
         f["floor_cpu_ms_per_stream_c256"] = s["floor_cpu_ms_per_req"]
+        if "cpu_ratio_gateway_over_baseline" in s:
+            f["cpu_ratio_gateway_over_baseline_stream_c256"] = s["cpu_ratio_gateway_over_baseline"]
         f["gateway_added_p99_ms_c256_stream"] = s["added_total_p99_ms"]
         f["bare_added_p99_ms_c256_stream"] = s["bare_added_total_p99_ms"]
     if "ns-c1" in res:
@@ -513,10 +544,10 @@ def _table(res: dict[str, dict[str, Any]], settings: dict[str, Any]) -> str:
     ]
     for name, s in res.items():
         raw = s["raw"]
-        for t in TARGETS:
+        for t in raw:
             x = raw[t]
             added = ["", "", ""]
-            if t != "direct":
+            if t in TARGETS[1:]:
                 pre = "" if t == "gateway" else f"{t}_"
                 keys = ("added_ttft_p50_ms", "added_total_p50_ms", "added_total_p99_ms")
                 added = [f"{s[pre + k]:.3f}" for k in keys]
@@ -527,6 +558,8 @@ def _table(res: dict[str, dict[str, Any]], settings: dict[str, Any]) -> str:
                 f"{name:<12} {t:<8} {x['requests']:>7} " + " ".join(cells + [f"{v:>10}" for v in added])
             )
         lines.append(f"{'':<12} gateway/bare CPU ratio {s['cpu_ratio_gateway_over_bare']:.2f}")
+        if "cpu_ratio_gateway_over_baseline" in s:
+            lines.append(f"{'':<12} gateway/baseline CPU ratio {s['cpu_ratio_gateway_over_baseline']:.3f}")
     flat = _flat(res)
     lines.append("")
     lines.extend(f"{k} = {v:.3f}" for k, v in flat.items())
@@ -543,6 +576,12 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=64, help="token events per stream")
     p.add_argument("--decode-ms", type=float, default=10.0, help="ms between events in decode scenarios")
     p.add_argument("--prompt-chars", type=int, default=1200, help="length of the shared system prompt")
+    p.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="another checkout (e.g. a git worktree of an older commit): its gateway is measured "
+        "just before and just after this one, side by side, for a gateway/baseline CPU ratio",
+    )
     p.add_argument("--_loadgen", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a._loadgen:
@@ -573,7 +612,7 @@ def main() -> None:
                 kind = _scenario(name)[0]
                 delay = a.decode_ms if kind == "decode" else 0.0
                 if delay not in fleets:
-                    fleets[delay] = Fleet(a.chunks, delay, cpus, Path(tmp))
+                    fleets[delay] = Fleet(a.chunks, delay, cpus, Path(tmp), a.baseline_src)
                 raw = _run_scenario(
                     fleets[delay], name, warmup, window, a.prompt_chars, cpus[0], a.chunks, a.decode_ms
                 )
