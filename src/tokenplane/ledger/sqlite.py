@@ -104,6 +104,10 @@ _BACKFILL = (
 )
 
 
+_READ_CHUNK = 400
+"""Workflows read per query (SQLite allows 32,766 bound values)."""
+
+
 def _q(sql: str) -> str:
     return adapt(sql, "qmark")
 
@@ -187,29 +191,33 @@ class SqliteLedger(BaseLedger):
             return []
         out: list[WorkflowSummary] = []
         delta: dict[TotalsKey, list[float]] = {}
+        attempts: list[tuple[Any, ...]] = []
         with self._lock:
             try:
                 with self._transaction() as db:
+                    # Each workflow read once and written once per batch, whatever its writes.
+                    state = self._read_workflows(db, {(w.tenant, w.workflow_id) for w in writes})
                     for w in writes:
-                        row = db.execute(
-                            _q(_WF_SELECT + " WHERE tenant = ? AND workflow_id = ?"),
-                            (w.tenant, w.workflow_id),
-                        ).fetchone()
-                        prev = None if row is None else self._row(row)
-                        summary = self._apply(prev, w)
+                        key = (w.tenant, w.workflow_id)
+                        prev = state.get(key)
+                        summary = state[key] = self._apply(prev, w)
                         if prev is not None:
                             add_to_totals(delta, prev, -1)
                         add_to_totals(delta, summary, 1)
-                        db.execute(_q(_WF_UPSERT), tuple(getattr(summary, c) for c in _WF_COLUMNS))
                         if isinstance(w, AttemptRecord):
-                            db.execute(
-                                _q(_ATTEMPT_INSERT),
+                            attempts.append(
                                 tuple(
                                     int(v) if isinstance(v, bool) else v
                                     for v in (getattr(w, c) for c in _ATTEMPT_COLUMNS)
-                                ),
+                                )
                             )
                         out.append(summary)
+                    touched = {(w.tenant, w.workflow_id) for w in writes}
+                    db.executemany(
+                        _q(_WF_UPSERT),
+                        [tuple(getattr(state[k], c) for c in _WF_COLUMNS) for k in touched],
+                    )
+                    db.executemany(_q(_ATTEMPT_INSERT), attempts)
                     db.executemany(
                         _q(_TOTALS_ADD),
                         [
@@ -230,6 +238,22 @@ class SqliteLedger(BaseLedger):
                     )
             except sqlite3.Error as exc:
                 raise LedgerUnavailable(f"ledger {self.path}: write failed: {exc}") from exc
+        return out
+
+    def _read_workflows(
+        self, db: sqlite3.Connection, keys: set[tuple[str, str]]
+    ) -> dict[tuple[str, str], WorkflowSummary]:
+        out: dict[tuple[str, str], WorkflowSummary] = {}
+        by_tenant: dict[str, list[str]] = {}
+        for tenant, workflow_id in keys:
+            by_tenant.setdefault(tenant, []).append(workflow_id)
+        for tenant, ids in by_tenant.items():  # tenant = ? AND workflow_id IN (...): the primary key
+            for i in range(0, len(ids), _READ_CHUNK):
+                part = ids[i : i + _READ_CHUNK]
+                sql = f"{_WF_SELECT} WHERE tenant = ? AND workflow_id IN ({', '.join('?' for _ in part)})"
+                for row in db.execute(_q(sql), [tenant, *part]):
+                    w = self._row(row)
+                    out[(w.tenant, w.workflow_id)] = w
         return out
 
     def sweep(self, now: float) -> list[WorkflowSummary]:
