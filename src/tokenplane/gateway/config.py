@@ -12,9 +12,9 @@ Shape (every section but ``models`` and ``instances`` is optional)::
     instances:
       - {id: vllm-0, url: http://127.0.0.1:8001, model: llama-3-8b, kind: vllm, gpu: H100,
          price_per_hour: 2.99, labels: {}}
-    scrape: {interval_s: 1.0}
-    health: {interval_s: 2.0, failures_to_down: 2, path: /health}
-    retry: {budget_ratio: 0.2, min_per_s: 1.0, max_attempts: 3, ...}   # resilience_config.py
+    scrape: {interval_s: 1.0, timeout_s: 5.0}
+    health: {interval_s: 2.0, failures_to_down: 2, path: /health, timeout_s: 2.0}
+    retry: {budget_ratio: 0.2, min_per_s: 1.0, max_attempts: 3, stream_idle_timeout_s: 60, ...}
     breaker: {consecutive_failures: 5, cooldown_s: 5, ...}
     admission: {queue: {max_depth: 1024, ...}, shedding: {thresholds: {...}}}
     # per model (Avoid, Move, Delay):
@@ -23,7 +23,8 @@ Shape (every section but ``models`` and ``instances`` is optional)::
     #   models[].deferral: {max_waiting: 256, spare_fraction: 0.5, max_wait_s: 600}
     # Share: the ``outstanding-tokens`` scorer (core/routing/scorers.py) in ``models[].router`` weighs
     # the tokens each instance has in flight (batching-aware load) when placing a request.
-    ledger: {path: tokenplane-ledger.sqlite, abandon_after_s: 600}   # path null: in memory
+    ledger: {path: tokenplane-ledger.sqlite, abandon_after_s: 600}   # path null: in memory,
+                                        # keeping memory_max_settled (100000) settled workflows
     tracing: {otlp_endpoint: null, service_name: tokenplane-gateway, sample_ratio: 1.0}
 
 API keys are stored hashed (``sha256:`` + hex digest of the raw key, see :func:`hash_key`). An empty
