@@ -162,7 +162,8 @@ async def test_a_silent_stream_on_a_busy_instance_moves_without_judging_it(emula
     """The same hang while the instance streams another answer: the silent stream still moves on,
     but an instance that answers others is busy, not down, and keeps a clean record."""
     emus = await emulators(2)
-    gw = await emu_gateway(emus, retry={"stream_idle_timeout_s": 0.4})
+    # 1 s: the other stream on emu-0 must send within it, even on a slow machine
+    gw = await emu_gateway(emus, retry={"stream_idle_timeout_s": 1.0})
     await emus[0].faults(die_after_tokens=20, die_count=1, stall=True)
     client = gw.client()
     hung = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=200, stream=True)  # emu-0
