@@ -37,8 +37,9 @@ the ledger) feeds it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
+from typing import Protocol
 
 import msgspec
 
@@ -50,7 +51,9 @@ __all__ = [
     "OutcomeTotals",
     "TaskCost",
     "TaskOutcome",
+    "TaskSpend",
     "TokenCosts",
+    "add_task",
     "attempt_cost",
     "cost_per_million_tokens",
     "cost_per_successful_task",
@@ -58,6 +61,7 @@ __all__ = [
     "success_per_dollar",
     "summarize",
     "summarize_by",
+    "summarize_sums",
     "summarize_totals",
     "token_costs",
 ]
@@ -244,20 +248,50 @@ def summarize_totals(by_outcome: Mapping[TaskOutcome, OutcomeTotals]) -> Economi
     )
 
 
+class TaskSpend(Protocol):
+    """What :func:`add_task` reads: a :class:`TaskCost`, or a ledger's workflow summary."""
+
+    @property
+    def cost_usd(self) -> float: ...
+    @property
+    def failed_attempt_cost_usd(self) -> float: ...
+    @property
+    def tokens_in(self) -> int: ...
+    @property
+    def tokens_out(self) -> int: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def failed_attempts(self) -> int: ...
+
+
+def add_task(sums: list[float], t: TaskSpend, sign: int = 1) -> None:
+    """Add (``sign`` 1) or take back (-1) one task in an outcome's running sums, laid out as
+    :class:`OutcomeTotals` (tasks, cost, failed-attempt cost, tokens, attempts, failed attempts)."""
+    sums[0] += sign
+    sums[1] += sign * t.cost_usd
+    sums[2] += sign * t.failed_attempt_cost_usd
+    sums[3] += sign * (t.tokens_in + t.tokens_out)
+    sums[4] += sign * t.attempts
+    sums[5] += sign * t.failed_attempts
+
+
+def summarize_sums(by_outcome: Mapping[TaskOutcome, Sequence[float]]) -> EconomicsSummary:
+    """:func:`summarize_totals` from running sums kept by :func:`add_task`."""
+    return summarize_totals(
+        {
+            o: OutcomeTotals(int(a[0]), float(a[1]), float(a[2]), int(a[3]), int(a[4]), int(a[5]))
+            for o, a in by_outcome.items()
+        }
+    )
+
+
 def summarize(tasks: Iterable[TaskCost]) -> EconomicsSummary:
     """Task economics over ``tasks`` (any order, any mix of outcomes)."""
     acc: dict[TaskOutcome, list[float]] = {o: [0.0] * 6 for o in TaskOutcome}
     for t in tasks:
-        a = acc[TaskOutcome(t.outcome)]
-        a[0] += 1
-        a[1] += t.cost_usd
-        a[2] += t.failed_attempt_cost_usd
-        a[3] += t.tokens_in + t.tokens_out
-        a[4] += t.attempts
-        a[5] += t.failed_attempts
-    return summarize_totals(
-        {o: OutcomeTotals(int(a[0]), a[1], a[2], int(a[3]), int(a[4]), int(a[5])) for o, a in acc.items()}
-    )
+        add_task(acc[TaskOutcome(t.outcome)], t)
+    return summarize_sums(acc)
 
 
 def summarize_by(tasks: Iterable[TaskCost], key: Callable[[TaskCost], str]) -> dict[str, EconomicsSummary]:

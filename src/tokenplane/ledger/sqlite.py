@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenplane.core.economics import EconomicsSummary, TaskOutcome
+from tokenplane.core.economics import EconomicsSummary, TaskOutcome, summarize_sums
 from tokenplane.ledger.errors import LedgerUnavailable
 from tokenplane.ledger.records import AttemptRecord, WorkflowSummary
 from tokenplane.ledger.schema import SCHEMA_VERSION, adapt, schema_statements
@@ -36,7 +36,6 @@ from tokenplane.ledger.store import (
     LedgerWrite,
     TotalsKey,
     add_to_totals,
-    totals_summary,
 )
 
 __all__ = ["SqliteLedger"]
@@ -197,6 +196,7 @@ class SqliteLedger(BaseLedger):
                 with self._transaction() as db:
                     # Each workflow read once and written once per batch, whatever its writes.
                     state = self._read_workflows(db, {(w.tenant, w.workflow_id) for w in writes})
+                    # (afterwards ``state`` holds exactly the workflows this batch touched)
                     for w in writes:
                         key = (w.tenant, w.workflow_id)
                         prev = state.get(key)
@@ -212,10 +212,8 @@ class SqliteLedger(BaseLedger):
                                 )
                             )
                         out.append(summary)
-                    touched = {(w.tenant, w.workflow_id) for w in writes}
                     db.executemany(
-                        _q(_WF_UPSERT),
-                        [tuple(getattr(state[k], c) for c in _WF_COLUMNS) for k in touched],
+                        _q(_WF_UPSERT), [tuple(getattr(w, c) for c in _WF_COLUMNS) for w in state.values()]
                     )
                     db.executemany(_q(_ATTEMPT_INSERT), attempts)
                     db.executemany(
@@ -297,14 +295,14 @@ class SqliteLedger(BaseLedger):
         groups: dict[str, dict[TaskOutcome, list[float]]] = {}
         for grp, outcome, *sums in self._read(sql, params):
             groups.setdefault(str(grp), {})[TaskOutcome(outcome)] = [float(v or 0) for v in sums]
-        return {g: totals_summary(t) for g, t in sorted(groups.items())}
+        return {g: summarize_sums(t) for g, t in sorted(groups.items())}
 
     def tenant_totals(self, tenant: str) -> EconomicsSummary:
-        return self._economics("tenant", tenant).get(tenant, totals_summary({}))
+        return self._economics("tenant", tenant).get(tenant, summarize_sums({}))
 
     def economics(self, *, by: GroupBy | None = None) -> dict[str, EconomicsSummary]:
         if by is None:
-            return {"": self._economics("", "").get("", totals_summary({}))}
+            return {"": self._economics("", "").get("", summarize_sums({}))}
         return self._economics(by)
 
     def close(self) -> None:

@@ -15,12 +15,12 @@ store whose ``blocking`` attribute is false, on the loop itself) and batches wri
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Literal, Protocol
 
 import msgspec
 
-from tokenplane.core.economics import EconomicsSummary, OutcomeTotals, TaskOutcome, summarize_totals
+from tokenplane.core.economics import EconomicsSummary, TaskOutcome, add_task, summarize_sums
 from tokenplane.ledger.errors import InvalidLedgerRecord
 from tokenplane.ledger.records import AttemptRecord, WorkflowSummary, implicit_workflow_id
 from tokenplane.ledger.rules import apply_attempt, apply_outcome, is_stale, parse_outcome
@@ -37,7 +37,6 @@ __all__ = [
     "OutcomeRecord",
     "TotalsKey",
     "add_to_totals",
-    "totals_summary",
 ]
 
 DEFAULT_ABANDON_AFTER_S = 900.0
@@ -61,21 +60,7 @@ def add_to_totals(acc: dict[TotalsKey, list[float]], w: WorkflowSummary, sign: i
         a = acc.get(key)
         if a is None:
             a = acc[key] = [0.0] * 6
-        a[0] += sign
-        a[1] += sign * w.cost_usd
-        a[2] += sign * w.failed_attempt_cost_usd
-        a[3] += sign * (w.tokens_in + w.tokens_out)
-        a[4] += sign * w.attempts
-        a[5] += sign * w.failed_attempts
-
-
-def totals_summary(by_outcome: Mapping[TaskOutcome, Sequence[float]]) -> EconomicsSummary:
-    return summarize_totals(
-        {
-            o: OutcomeTotals(int(a[0]), float(a[1]), float(a[2]), int(a[3]), int(a[4]), int(a[5]))
-            for o, a in by_outcome.items()
-        }
-    )
+        add_task(a, w, sign)
 
 
 class OutcomeRecord(msgspec.Struct, frozen=True):
@@ -333,12 +318,11 @@ class MemoryLedger(BaseLedger):
                 self._clear_empty(prev)
             add_to_totals(self._totals, summary, 1)
             self._workflows[key] = summary
+            self._settled.pop(key, None)  # (re)settled: to the back of the line
             if summary.outcome is TaskOutcome.OPEN:
                 self._open[key] = None
-                self._settled.pop(key, None)
             else:
                 self._open.pop(key, None)
-                self._settled.pop(key, None)
                 self._settled[key] = None
             if isinstance(w, AttemptRecord):
                 self._attempts.setdefault(key, []).append(w)
@@ -387,7 +371,7 @@ class MemoryLedger(BaseLedger):
 
     def _summary(self, kind: str, group: str) -> EconomicsSummary:
         totals = self._totals
-        return totals_summary(
+        return summarize_sums(
             {o: totals[(kind, group, o)] for o in TaskOutcome if (kind, group, o) in totals}
         )
 

@@ -32,10 +32,9 @@ from typing import Any
 
 from tokenplane.core.economics import (
     EconomicsSummary,
-    OutcomeTotals,
     TaskOutcome,
     TokenCosts,
-    summarize_totals,
+    summarize_sums,
     token_costs,
 )
 from tokenplane.core.views import WorkflowContext
@@ -212,9 +211,7 @@ def build_economics(
                 b = by.setdefault(key[2], [0.0] * 6)
                 for i in range(6):
                     b[i] += a[i]
-        return summarize_totals(
-            {o: OutcomeTotals(int(a[0]), a[1], a[2], int(a[3]), int(a[4]), int(a[5])) for o, a in by.items()}
-        )
+        return summarize_sums(by)
 
     summary = summary_of(lambda k: True)
     gpu_cost = math.fsum(bill.values())
