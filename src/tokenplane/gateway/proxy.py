@@ -256,15 +256,14 @@ class SseReader:
             try:
                 if self._wrap_s is None:
                     data = await self._content.readany()
-                else:  # an aiohttp response: its read timeout was fixed when it was sent
+                else:
                     async with asyncio.timeout(self._wrap_s):
                         data = await self._content.readany()
             except TimeoutError:
-                busy = upstream.heard_at > self._last_at  # others were answered since this went quiet
                 return UpstreamStalled(
                     f"instance {upstream.id} stalled mid-stream "
                     f"({time.monotonic() - self._last_at:.1f} s silent)",
-                    busy=busy,
+                    busy=upstream.answered_since(self._last_at),
                 )
             except (aiohttp.ClientError, OSError) as exc:
                 return UpstreamUnavailable(f"instance {upstream.id} broke the stream: {type(exc).__name__}")

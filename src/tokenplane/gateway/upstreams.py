@@ -199,9 +199,11 @@ class Upstream:
         return False
 
     def answered_since(self, t: float) -> bool:
-        """It sent bytes on the request path at or after monotonic time ``t``: a timeout that began
-        then is a busy instance's, not a dead one's, and does not count toward taking it out."""
-        return self.heard_at >= t
+        """It sent bytes on the request path after monotonic time ``t``: a timeout that began then
+        is a busy instance's, not a dead one's, and does not count toward taking it out. Strictly
+        after, so a stream that went quiet at ``t`` (its own last bytes set ``heard_at`` to ``t``)
+        asks whether *others* were answered since."""
+        return self.heard_at > t
 
     def record_probe_success(self) -> None:
         self.consecutive_failures = 0
