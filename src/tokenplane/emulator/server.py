@@ -219,10 +219,10 @@ async def _complete(
     echo_text: str,
 ) -> web.StreamResponse:
     while not pending.finished:
-        if die is not None and pending.n >= die[0]:
+        if die is not None and pending.n >= die.tokens:
             await _cut(request, inst, pending, die)
         await pending.wait()
-    if die is not None and pending.n >= die[0]:
+    if die is not None and pending.n >= die.tokens:
         await _cut(request, inst, pending, die)
     text = "".join(gen.words(pending.n))
     created = int(time.time())
@@ -319,7 +319,7 @@ async def _stream(
     # As vLLM: the role chunk goes out with the first token (a queued or prefilling request is silent).
     role = event(first) if chat else b""
     sent = 0
-    limit = die[0] if die is not None else None
+    limit = die.tokens if die is not None else None
     while True:
         n = pending.n
         if limit is not None and n > limit:
