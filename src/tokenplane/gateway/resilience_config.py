@@ -13,7 +13,7 @@ Shape (every key optional; defaults are the core's)::
       backoff_multiplier: 2
       backoff_max_s: 1.0
       first_byte_timeout_s: null # an attempt with no response headers by then fails (null: none)
-      stream_idle_timeout_s: 60  # a stream silent this long after its first bytes moves on
+      stream_idle_timeout_s: 60  # a stream silent this long after its first token moves on
     breaker: {consecutive_failures: 5, window_s: 30, error_rate: 0.5, cooldown_s: 5, ...}
     admission:
       queue: {max_depth: 1024, max_per_tenant: 256, budget_s: {interactive: 30}, ...}
@@ -61,7 +61,7 @@ class RetryConfig(_Strict):
     backoff_max_s: float = Field(1.0, ge=0)
     first_byte_timeout_s: float | None = Field(None, gt=0)
     stream_idle_timeout_s: float | None = Field(DEFAULT_STREAM_IDLE_TIMEOUT_S, gt=0)
-    """A stream silent this long after its first bytes is continued on another instance (a hung
+    """A stream silent this long after its first token is continued on another instance (a hung
     sequence or GPU); the instance is judged by it only if it answered nobody else meanwhile.
     ``null``: only ``limits.upstream_timeout_s`` bounds the silence."""
 
