@@ -5,7 +5,8 @@ the gateway does, into two :class:`~tokenplane.ledger.MemoryLedger` s side by si
 ``--max-settled`` (the default) and one that never forgets (``max_settled`` above the task count:
 what the ledger did before it was bounded). Prints, for each, the Python heap it holds
 (``tracemalloc``), and the time of one ``economics(by="tenant")`` (what every ``/metrics`` scrape
-reads) against a full scan of the kept workflows (what that read cost before running sums). Then
+reads) against a full scan of the kept workflows (what that read cost before running sums), and
+the pause of one full garbage collection while the bounded ledger is held. Then
 the same tasks into a SQLite file: write time per task, and one economics read from its running
 totals against the ``GROUP BY`` over every workflow row it used to run.
 
@@ -69,7 +70,11 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=300_000)
     p.add_argument("--max-settled", type=int, default=DEFAULT_MAX_SETTLED)
     a = p.parse_args()
+    gc.collect()
+    gc.freeze()  # as the gateway does at start-up: what a full collection scans is then traffic's
     bounded_mb, bounded = heap_mb(a.tasks, a.max_settled)
+    full_gc_ms = best_ms(gc.collect, repeat=3)  # the pause of one full collection, ledger held
+    tracked = len(gc.get_objects())
     unbounded_mb, unbounded = heap_mb(a.tasks, a.tasks + 1)
     sums_ms = best_ms(lambda: bounded.economics(by="tenant"))
     scan_ms = best_ms(
@@ -87,6 +92,8 @@ def main() -> None:
     print(f"economics_read_ms_running_sums = {sums_ms:.3f}")
     print(f"economics_read_ms_full_scan = {scan_ms:.1f}")
     print(f"economics_equal = {same}")
+    print(f"full_collection_ms_bounded_ledger_held = {full_gc_ms:.1f}")
+    print(f"gc_tracked_objects_after_freeze = {tracked}")
     with tempfile.TemporaryDirectory() as tmp:
         sqlite = SqliteLedger(Path(tmp) / "ledger.db")
         t0 = time.perf_counter()

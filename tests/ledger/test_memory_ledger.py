@@ -174,3 +174,24 @@ def test_settled_workflows_beyond_the_bound_are_forgotten_oldest_first() -> None
 def test_max_settled_must_not_be_negative() -> None:
     with pytest.raises(InvalidLedgerRecord):
         MemoryLedger(max_settled=-1)
+
+
+def test_what_the_memory_ledger_keeps_is_not_scanned_by_the_cyclic_collector() -> None:
+    """A full ledger holds ~100k workflows with their attempts; were they tracked, every full
+    collection on the gateway's loop would scan them all (bench/ledger_scale.py: ~70 ms)."""
+    import gc
+
+    store = MemoryLedger()
+    for i in range(3):
+        store.record_attempt(
+            request_id=f"r{i}", workflow_id="w1", tenant="acme", instance_id="i0", tokens_in=10,
+            tokens_out=5, cost_usd=0.1, ok=True, reason="ok", t=float(i), step=i + 1, total_steps=3,
+        )  # fmt: skip
+    gc.collect()  # a tuple of untracked items is untracked at its first collection
+    workflow = store.get_workflow("w1", "acme")
+    kept = store._attempts[("acme", "w1")]
+    assert workflow is not None and workflow.outcome is TaskOutcome.SUCCEEDED
+    assert len(kept) == 3 and [a.request_id for a in store.list_attempts("w1", "acme")] == ["r0", "r1", "r2"]
+    assert not gc.is_tracked(workflow)
+    assert not any(gc.is_tracked(a) for a in kept)
+    assert not gc.is_tracked(kept)

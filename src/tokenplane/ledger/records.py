@@ -29,8 +29,12 @@ def implicit_workflow_id(request_id: str) -> str:
     return IMPLICIT_WORKFLOW_PREFIX + request_id
 
 
-class AttemptRecord(msgspec.Struct, frozen=True):
+class AttemptRecord(msgspec.Struct, frozen=True, gc=False):
     """One attempt of one request on one instance, with what it cost (see core.economics).
+
+    ``gc=False`` here and on :class:`WorkflowSummary`: they hold only strings and numbers (no
+    cycles), and an in-memory ledger keeps hundreds of thousands of them, which the cyclic
+    collector would otherwise scan on every full collection (``bench/ledger_scale.py``).
 
     ``step``/``total_steps`` come from the request's workflow context; ``terminal`` says that a
     failed attempt will not be retried, so the step (and the workflow) failed.
@@ -72,7 +76,7 @@ class AttemptRecord(msgspec.Struct, frozen=True):
         return self
 
 
-class WorkflowSummary(msgspec.Struct, frozen=True):
+class WorkflowSummary(msgspec.Struct, frozen=True, gc=False):
     """A workflow's spend and state, as ``GET /v1/workflows/{id}`` shows it to its tenant.
 
     ``model`` is the model of the first attempt (a fallback to another model does not move the

@@ -63,7 +63,7 @@ def add_to_totals(acc: dict[TotalsKey, list[float]], w: WorkflowSummary, sign: i
         add_task(a, w, sign)
 
 
-class OutcomeRecord(msgspec.Struct, frozen=True):
+class OutcomeRecord(msgspec.Struct, frozen=True, gc=False):
     """A client's (or the sweep's) verdict on a workflow.
 
     ``if_idle_since`` (the sweep's): apply only if the workflow is still open and had no attempt
@@ -301,7 +301,8 @@ class MemoryLedger(BaseLedger):
             raise InvalidLedgerRecord(f"max_settled must be >= 0, got {max_settled!r}")
         self.max_settled = max_settled
         self._workflows: dict[tuple[str, str], WorkflowSummary] = {}
-        self._attempts: dict[tuple[str, str], list[AttemptRecord]] = {}
+        # tuples, not lists: a tuple of untracked records leaves the cyclic collector's lists
+        self._attempts: dict[tuple[str, str], tuple[AttemptRecord, ...]] = {}
         self._request_cost: dict[tuple[str, str], float] = {}
         self._open: dict[tuple[str, str], None] = {}
         self._settled: dict[tuple[str, str], None] = {}  # oldest settlement first
@@ -325,7 +326,7 @@ class MemoryLedger(BaseLedger):
                 self._open.pop(key, None)
                 self._settled[key] = None
             if isinstance(w, AttemptRecord):
-                self._attempts.setdefault(key, []).append(w)
+                self._attempts[key] = (*self._attempts.get(key, ()), w)
                 rkey = (w.tenant, w.request_id)
                 self._request_cost[rkey] = self._request_cost.get(rkey, 0.0) + w.cost_usd
             out.append(summary)
