@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 from collections.abc import Sequence
 
 from aiohttp import web
@@ -12,6 +10,7 @@ from aiohttp.log import access_logger
 
 from tokenplane.emulator.instance import EmulatorSettings
 from tokenplane.emulator.server import create_app
+from tokenplane.runloop import freeze_startup_objects, new_event_loop
 
 
 def emulate(
@@ -57,19 +56,16 @@ def emulate(
         f"on http://{host}:{port}",
         flush=True,
     )
-    loop_factory = None
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        loop_factory = uvloop.new_event_loop
+    app = create_app(settings)
+    app.on_startup.append(freeze_startup_objects)  # a GPU's steps do not pause for the collector
     web.run_app(
-        create_app(settings),
+        app,
         host=host,
         port=port,
         handler_cancellation=True,
         access_log=access_logger if access_log else None,
         print=None,
-        loop=loop_factory() if loop_factory is not None else asyncio.new_event_loop(),
+        loop=new_event_loop(),
     )
 
 

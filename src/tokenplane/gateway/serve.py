@@ -8,8 +8,6 @@ noticeable share; request counts and latencies are in ``/metrics``.
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import logging
 from pathlib import Path
 
@@ -17,24 +15,9 @@ from aiohttp import web
 
 from tokenplane.gateway.app import create_app
 from tokenplane.gateway.config import load_config
+from tokenplane.runloop import freeze_startup_objects, new_event_loop
 
 SERVER_OPTIONS = {"handler_cancellation": True, "access_log": None}
-
-
-def _loop_factory() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is optional
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
-async def _freeze_startup_objects(app: web.Application) -> None:
-    """Move everything alive after start-up (modules, config, tables) out of the collector's reach:
-    a full collection over them paused every stream for about 100 ms under load (measured with
-    ``bench/gateway_overhead.py --scenarios decode-c256``)."""
-    gc.collect()
-    gc.freeze()
 
 
 def serve(config: Path, host: str | None, port: int | None) -> None:
@@ -42,12 +25,12 @@ def serve(config: Path, host: str | None, port: int | None) -> None:
     cfg = load_config(config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(cfg)
-    app.on_startup.append(_freeze_startup_objects)
+    app.on_startup.append(freeze_startup_objects)
     web.run_app(
         app,
         host=host or cfg.listen.host,
         port=port if port is not None else cfg.listen.port,
-        loop=_loop_factory(),
+        loop=new_event_loop(),
         handler_cancellation=True,
         access_log=None,
         print=lambda msg: logging.getLogger("tokenplane.gateway").info("%s", msg.strip()),

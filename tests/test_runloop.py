@@ -1,4 +1,4 @@
-"""``tokenplane serve``'s start-up: what it does to the process beyond serving the app."""
+"""The servers' process set-up (`tokenplane serve`, the emulator): what it does beyond serving the app."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 import pytest
 from aiohttp import web
 
-from tokenplane.gateway.serve import _freeze_startup_objects
+from tokenplane.runloop import freeze_startup_objects
 
 pytestmark = pytest.mark.anyio
 
@@ -17,7 +17,7 @@ async def test_startup_objects_are_frozen_out_of_the_collectors_reach() -> None:
     table = [{"block": i} for i in range(1000)]  # made at start-up, alive for the process's life
     gc.unfreeze()
     try:
-        await _freeze_startup_objects(web.Application())
+        await freeze_startup_objects(web.Application())
         frozen = gc.get_freeze_count()
         assert frozen > len(table)
         swept = {id(o) for o in gc.get_objects(generation=2)}  # what a full collection walks
