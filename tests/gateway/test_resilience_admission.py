@@ -10,10 +10,12 @@ and the least-served-tokens order puts the light tenant's queued requests first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import aiohttp
@@ -47,30 +49,85 @@ async def _light_p99(client: openai.AsyncOpenAI, n: int = 30) -> float:
     return samples[min(len(samples) - 1, int(0.99 * len(samples)))]
 
 
-async def test_heavy_tenant_flood_does_not_raise_light_ttft(emu_gateway, names) -> None:
+@contextlib.asynccontextmanager
+async def _emulator(step_ms: float = 2.0) -> AsyncIterator[SimpleNamespace]:
+    """One emulated instance in its own process: 8 batch slots, every step ``step_ms``."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "tokenplane.emulator", "--port", str(port), "--fixed-step-ms", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tokenplane.emulator",
+        "--port",
+        str(port),
+        "--fixed-step-ms",
+        f"{step_ms:g}",
+    ]
     cmd += ["--max-num-seqs", "8"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    emu = SimpleNamespace(name="emu-0", url=f"http://127.0.0.1:{port}")
     try:
-        await _run(SimpleNamespace(name="emu-0", url=f"http://127.0.0.1:{port}"), emu_gateway, names)
+        async with aiohttp.ClientSession() as http:
+            for _ in range(300):
+                try:
+                    async with http.get(emu.url + "/health") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.05)
+        yield emu
     finally:
         proc.terminate()
         proc.wait(10)
 
 
+async def test_heavy_tenant_flood_does_not_raise_light_ttft(emu_gateway, names) -> None:
+    async with _emulator() as emu:
+        await _run(emu, emu_gateway, names)
+
+
+async def test_an_interactive_reserve_lets_a_burst_start_at_once_under_a_flood(emu_gateway, names) -> None:
+    """``reserve: {interactive: 0.5}`` keeps 4 of the 8 slots out of the standard flood's reach, so a
+    burst of 4 interactive streams starts within a few steps. Without it the flood holds all 8 and
+    every burst request waits for a heavy one to finish (200 steps of 2 ms)."""
+    async with _emulator() as emu:
+        gw = await emu_gateway(
+            [emu],
+            instance={"max_concurrency": 8},
+            admission={"queue": {"reserve": {"interactive": 0.5}}},
+            tenants=[
+                {"name": "light", "priority": "interactive", "api_keys": [_hash(names.KEY)]},
+                {"name": "heavy", "priority": "standard", "api_keys": [_hash(names.BATCH_KEY)]},
+            ],
+        )
+        light, heavy = gw.client(names.KEY), gw.client(names.BATCH_KEY)
+        await _ttft(light, -1)  # interactive is active: its reserve holds from now on
+        stop = asyncio.Event()
+
+        async def flood_one() -> None:
+            while not stop.is_set():
+                r = await heavy.completions.create(model=MODEL, prompt="heavy " * 50, max_tokens=200)
+                assert r.choices[0].text
+
+        flooders = [asyncio.create_task(flood_one()) for _ in range(24)]
+        try:
+            await asyncio.sleep(0.5)  # the flood holds every slot it may and queues the rest
+            metrics = await gw.get("/metrics")
+            for _ in range(3):
+                burst = await asyncio.gather(*(_ttft(light, i) for i in range(4)))
+                await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await asyncio.gather(*flooders, return_exceptions=True)
+        depth = [line for line in metrics.splitlines() if line.startswith("tokenplane_queue_depth")]
+        assert depth and float(depth[0].rsplit(" ", 1)[1]) >= 16  # 24 heavy, at most 4 running
+        print(f"\nlast burst TTFTs under the flood: {[round(t * 1e3) for t in burst]} ms")
+        assert max(burst) < 0.2, burst
+
+
 async def _run(emu, emu_gateway, names) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(300):
-            try:
-                async with http.get(emu.url + "/health") as r:
-                    if r.status == 200:
-                        break
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
     emus = [emu]
     gw = await emu_gateway(
         emus,

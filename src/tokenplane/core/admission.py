@@ -8,8 +8,9 @@ the workflow's deadline when it has one.
 ``offer`` decides, in order:
 
 1. ``DEADLINE_UNREACHABLE`` when ``now + predicted_service_s`` is already past the deadline;
-2. ``ADMIT_NOW`` when the shell has a free slot (``capacity > 0``), the tenant is under its in-flight
-   limit and nothing dispatchable waits at the same or a higher class (no queue jumping);
+2. ``ADMIT_NOW`` when the shell has a free slot for its class (``capacity`` above the slots held in
+   reserve for higher classes, below), the tenant is under its in-flight limit and nothing
+   dispatchable waits at the same or a higher class (no queue jumping);
 3. ``TENANT_QUEUE_FULL`` when the tenant already has ``max_per_tenant`` queued;
 4. when the pool queue holds ``max_depth``: evict the newest queued request of the lowest class
    strictly below this one (``SHED_LOW_PRIORITY``, handed back in ``Admission.evicted``: the one
@@ -27,6 +28,16 @@ replicas share one view of who was served. A tenant with backlog whose service l
 always served before it, so a light tenant's request is dispatched as soon as it is the least-served
 tenant: with one heavy flooder, at the next dispatch of its class. Within the tenant: earliest
 deadline first. Tenants at their in-flight limit are skipped (not blocked on).
+
+**Class reserves.** ``reserve: {interactive: 0.4}`` keeps 40 % of the pool's slots (rounded up, of
+``total_capacity``, which the shell passes with ``capacity``) out of lower classes' reach while
+that class is *active* (dispatched within the store's window): a standard or batch request
+dispatches only while more slots are free than the reserves of the active classes above it add up
+to. Without preemption in the engine this is the one way a burst of interactive requests finds free
+slots at once when a flood of long standard requests could otherwise hold every slot for the length
+of a generation; the price is reserved slots idle while the class sends less than they hold. A class
+idle for a window gives its reserve back (work-conserving when it is absent). Nothing is reserved
+when the shell passes no ``total_capacity``.
 
 Dispatch decisions (``ADMIT_NOW`` and ``next``) reserve the tenant's in-flight slot and record the
 served tokens at once (there is no window between deciding and counting); the shell calls
@@ -46,6 +57,7 @@ Params (:meth:`AdmissionQueue.from_params`)::
     max_in_flight: null             # default per-tenant in-flight limit (null: none)
     tenant_max_in_flight: {}        # per-tenant overrides
     tenant_weights: {}              # fair-share weights (> 0), default 1
+    reserve: {}                     # class -> fraction of the pool's slots kept for it and above
     budget_s: {interactive: 30, standard: 120, batch: 3600}
     aging_s: null                   # null: strict priority
     retry_after_min_s: 1, retry_after_max_s: 60, retry_after_default_s: 5
@@ -135,6 +147,7 @@ class AdmissionReason(StrEnum):
     QUEUED_NO_CAPACITY = "queued_no_capacity"
     QUEUED_BEHIND = "queued_behind"
     QUEUED_TENANT_LIMIT = "queued_tenant_limit"
+    QUEUED_RESERVED = "queued_reserved"
     QUEUE_FULL = "queue_full"
     TENANT_QUEUE_FULL = "tenant_queue_full"
     DEADLINE_UNREACHABLE = "deadline_unreachable"
@@ -220,6 +233,7 @@ class AdmissionQueue:
         max_in_flight: int | None = None,
         tenant_max_in_flight: Mapping[str, int] | None = None,
         tenant_weights: Mapping[str, float] | None = None,
+        reserve: Mapping[PriorityClass, float] | None = None,
         budget_s: Mapping[PriorityClass, float] | None = None,
         aging_s: float | None = None,
         retry_after_min_s: float = DEFAULT_RETRY_AFTER_MIN_S,
@@ -235,6 +249,13 @@ class AdmissionQueue:
         weights = dict(tenant_weights or {})
         if any(not (w > 0 and math.isfinite(w)) for w in weights.values()):
             raise InvalidPolicyConfig(f"admission: tenant weights must be finite and > 0, got {weights}")
+        reserves = {c: float(f) for c, f in (reserve or {}).items() if f}
+        if any(not 0 < f < 1 for f in reserves.values()) or sum(reserves.values()) >= 1:
+            raise InvalidPolicyConfig(
+                f"admission: reserve fractions must be in (0, 1) and sum below 1, got {reserves}"
+            )
+        if PriorityClass.BATCH in reserves:
+            raise InvalidPolicyConfig("admission: no class is below batch, so a batch reserve keeps nothing")
         budgets = dict(DEFAULT_BUDGET_S)
         budgets.update(budget_s or {})
         if any(not b > 0 for b in budgets.values()):
@@ -247,6 +268,9 @@ class AdmissionQueue:
         self._default_limit = max_in_flight
         self._limits = dict(tenant_max_in_flight or {})
         self._weights = weights
+        self._reserves = reserves
+        # per class: the classes strictly above it that hold a reserve
+        self._reserved_above = {c: tuple(k for k in reserves if k > c) for c in PriorityClass}
         self._budgets = budgets
         self.aging_s = aging_s
         self._ra = (retry_after_min_s, retry_after_max_s, retry_after_default_s)
@@ -272,8 +296,8 @@ class AdmissionQueue:
         owner = "admission 'fair-queue'"
         keys = (
             "max_depth", "max_per_tenant", "max_in_flight", "tenant_max_in_flight", "tenant_weights",
-            "budget_s", "aging_s", "retry_after_min_s", "retry_after_max_s", "retry_after_default_s",
-            "window_s",
+            "reserve", "budget_s", "aging_s", "retry_after_min_s", "retry_after_max_s",
+            "retry_after_default_s", "window_s",
         )  # fmt: skip
         r = ParamReader(owner, params, keys)
 
@@ -283,6 +307,7 @@ class AdmissionQueue:
         max_in_flight = None if r.raw("max_in_flight") is None else r.int_("max_in_flight", 0, min_value=1)
         aging_s = None if r.raw("aging_s") is None else positive("aging_s", 0.0)
         budgets = _mapping(owner, r.raw("budget_s"), "budget_s", 1e-9)
+        reserves = _mapping(owner, r.raw("reserve"), "reserve", 0.0)
         limits = _mapping(owner, r.raw("tenant_max_in_flight"), "tenant_max_in_flight", 1)
         if any(v != int(v) for v in limits.values()):
             raise InvalidPolicyConfig(f"{owner}: tenant_max_in_flight values must be integers")
@@ -295,6 +320,7 @@ class AdmissionQueue:
             max_in_flight=max_in_flight,
             tenant_max_in_flight={k: int(v) for k, v in limits.items()},
             tenant_weights=_mapping(owner, r.raw("tenant_weights"), "tenant_weights", 1e-9),
+            reserve={PriorityClass.from_name(k): v for k, v in reserves.items()},
             budget_s={PriorityClass.from_name(k): v for k, v in budgets.items()},
             aging_s=aging_s,
             retry_after_min_s=positive("retry_after_min_s", DEFAULT_RETRY_AFTER_MIN_S),
@@ -340,6 +366,15 @@ class AdmissionQueue:
             deadline = min(deadline, workflow.deadline_s)
         return deadline
 
+    def reserved_above(self, cls: PriorityClass, *, now: float, total_capacity: int | None) -> int:
+        """Slots a ``cls`` request must leave free: the reserves of the active classes above it."""
+        above = self._reserved_above[cls]
+        if not above or total_capacity is None or total_capacity <= 0:
+            return 0
+        store, prefix = self._store, self._prefix + "class:"
+        fraction = sum(self._reserves[k] for k in above if store.get(prefix + k.label, now=now) > 0)
+        return math.ceil(fraction * total_capacity - 1e-9)
+
     def retry_after_s(self, *, now: float) -> float:
         lo, hi, default = self._ra
         rate = self._store.get(self._prefix + "dispatched", now=now) / self._store.window_s
@@ -355,10 +390,12 @@ class AdmissionQueue:
         *,
         now: float,
         capacity: int = 0,
+        total_capacity: int | None = None,
         priority: PriorityClass | None = None,
         budget_s: float | None = None,
         predicted_service_s: float = 0.0,
     ) -> Admission:
+        """``capacity``: free slots in the pool now; ``total_capacity``: all its slots (for reserves)."""
         cls = PriorityClass.from_value(request.priority) if priority is None else priority
         deadline = self.deadline_for(request, cls, budget_s)
         if now + predicted_service_s >= deadline:
@@ -366,8 +403,9 @@ class AdmissionQueue:
         self._collect_expired(now)  # expired entries must not keep a newcomer from a free slot
         tenant = request.tenant
         tenant_ok = self._under_limit(tenant)
-        if capacity > 0 and tenant_ok and not self._dispatchable_at_or_above(cls):
-            self._reserve(request, request_cost_tokens(request), now)
+        held = self.reserved_above(cls, now=now, total_capacity=total_capacity) if capacity > 0 else 0
+        if capacity > held and tenant_ok and not self._dispatchable_at_or_above(cls):
+            self._reserve(request, cls, request_cost_tokens(request), now)
             return Admission(AdmissionDecision.ADMIT_NOW, AdmissionReason.ADMITTED, cls, deadline)
         if self.depth_of(tenant) >= self.max_per_tenant:
             return Admission(
@@ -388,20 +426,25 @@ class AdmissionQueue:
         self._push(item)
         if not tenant_ok:
             reason = AdmissionReason.QUEUED_TENANT_LIMIT
+        elif held and capacity <= held:
+            reason = AdmissionReason.QUEUED_RESERVED
         elif capacity > 0:
             reason = AdmissionReason.QUEUED_BEHIND
         else:
             reason = AdmissionReason.QUEUED_NO_CAPACITY
         return Admission(AdmissionDecision.QUEUED, reason, cls, deadline, evicted=evicted)
 
-    def next(self, *, now: float, capacity: int) -> QueuedRequest | None:
-        """Pop the request to dispatch now, or ``None``; expired heads are held for :meth:`expire`."""
+    def next(self, *, now: float, capacity: int, total_capacity: int | None = None) -> QueuedRequest | None:
+        """Pop the request to dispatch now, or ``None``; expired heads are held for :meth:`expire`.
+        A class whose free slots are all held in reserve for classes above it is passed over."""
         if capacity <= 0 or not self._by_id:
             return None
         self._collect_expired(now)
         best: tuple[float, int, PriorityClass] | None = None
         for cls in PriorityClass:
             if not self._has_dispatchable(cls):
+                continue
+            if capacity <= self.reserved_above(cls, now=now, total_capacity=total_capacity):
                 continue
             level = float(cls)
             if self.aging_s is not None:
@@ -430,7 +473,7 @@ class AdmissionQueue:
             return None
         entry = heapq.heappop(self._by_class[cls][chosen[3]])[2]
         self._remove(entry)
-        self._reserve(entry.item.request, entry.item.cost_tokens, now)
+        self._reserve(entry.item.request, cls, entry.item.cost_tokens, now)
         return entry.item
 
     def expire(self, now: float) -> list[tuple[QueuedRequest, AdmissionReason]]:
@@ -450,7 +493,7 @@ class AdmissionQueue:
 
     def on_start(self, request: RequestInfo, *, now: float) -> None:
         """Count a request started without this queue's decision (ADMIT_NOW/next count their own)."""
-        self._reserve(request, request_cost_tokens(request), now)
+        self._reserve(request, PriorityClass.from_value(request.priority), request_cost_tokens(request), now)
 
     def on_finish(self, request: RequestInfo, *, now: float) -> None:
         key = self._prefix + "inflight:" + request.tenant
@@ -463,10 +506,13 @@ class AdmissionQueue:
         limit = self.limit_of(tenant)
         return limit is None or self.in_flight(tenant) < limit
 
-    def _reserve(self, request: RequestInfo, cost: int, now: float) -> None:
+    def _reserve(self, request: RequestInfo, cls: PriorityClass, cost: int, now: float) -> None:
         self._gauges.add(self._prefix + "inflight:" + request.tenant, 1)
-        self._store.add(self._prefix + "served:" + request.tenant, cost, now=now)
-        self._store.add(self._prefix + "dispatched", 1, now=now)
+        store = self._store
+        store.add(self._prefix + "served:" + request.tenant, cost, now=now)
+        store.add(self._prefix + "dispatched", 1, now=now)
+        if self._reserves:
+            store.add(self._prefix + "class:" + cls.label, 1, now=now)
 
     def _has_dispatchable(self, cls: PriorityClass) -> bool:
         for tenant, heap in self._by_class[cls].items():

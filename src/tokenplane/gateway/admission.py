@@ -122,8 +122,9 @@ class PoolAdmission:
         """Wait until the request may go; returns its deadline. Raises a :class:`Refused`.
         ``capacity``: :meth:`capacity` as the caller just read it (saves summing it again)."""
         queue = self.queue
-        free = (self._capacity() if capacity is None else capacity) - self.in_flight
-        adm = queue.offer(info, now=now, capacity=free, priority=priority)
+        total = self._capacity() if capacity is None else capacity
+        free = total - self.in_flight
+        adm = queue.offer(info, now=now, capacity=free, total_capacity=total, priority=priority)
         if adm.evicted is not None:
             self._refuse(adm.evicted.request.request_id, AdmissionReason.SHED_LOW_PRIORITY, now)
         if adm.admitted:
@@ -180,10 +181,11 @@ class PoolAdmission:
         for expired, reason in queue.expire(now):
             self._refuse(expired.request.request_id, reason, now)
         while self._waiters:
-            free = self.free()
+            total = self._capacity()
+            free = total - self.in_flight
             if free <= 0:
                 break
-            item = queue.next(now=now, capacity=free)
+            item = queue.next(now=now, capacity=free, total_capacity=total)
             if item is None:
                 break
             fut = self._waiters.pop(item.request.request_id, None)

@@ -231,7 +231,7 @@ class AdmissionFleet(ResilientFleet):
         views = self._fresh_views()
         if self.working_set is not None and not self._working_set_admits(p, info, views, now):
             return
-        capacity = self._capacity(views)
+        capacity, total = self._capacity(views)
         if capacity <= 0:
             signal = load_signal(
                 [v for v in views if v.ready],
@@ -251,7 +251,9 @@ class AdmissionFleet(ResilientFleet):
                 self.queue.cancel(victim.request_id)
                 vp, _ = self._queued.pop(victim.request_id)
                 self._refuse(vp, now, "shed_for_value")
-        adm = self.queue.offer(info, now=now, capacity=capacity, priority=cls, budget_s=budget)
+        adm = self.queue.offer(
+            info, now=now, capacity=capacity, total_capacity=total, priority=cls, budget_s=budget
+        )
         if adm.evicted is not None:
             vp, _ = self._queued.pop(adm.evicted.request.request_id)
             self._refuse(vp, now, "evicted")
@@ -402,9 +404,11 @@ class AdmissionFleet(ResilientFleet):
             self._changed.clear()
         return views
 
-    def _capacity(self, views: Sequence[InstanceView]) -> int:
+    def _capacity(self, views: Sequence[InstanceView]) -> tuple[int, int]:
+        """(free slots, all slots) over the ready, healthy instances."""
         cap = self.cap
-        return sum(max(0, cap - v.outstanding_requests) for v in views if v.ready and v.healthy)
+        usable = [v for v in views if v.ready and v.healthy]
+        return sum(max(0, cap - v.outstanding_requests) for v in usable), cap * len(usable)
 
     def _route(self, info: RequestInfo, p: _Pending, now: float) -> RouteDecision:
         views = self._fresh_views()
@@ -423,9 +427,9 @@ class AdmissionFleet(ResilientFleet):
         self._expire(now)
         if not self.queue.depth:
             return
-        capacity = self._capacity(self._fresh_views())
+        capacity, total = self._capacity(self._fresh_views())
         while capacity > 0:
-            item = self.queue.next(now=now, capacity=capacity)
+            item = self.queue.next(now=now, capacity=capacity, total_capacity=total)
             if item is None:
                 break
             p, info = self._queued.pop(item.request.request_id)
