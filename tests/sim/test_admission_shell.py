@@ -264,3 +264,32 @@ def test_agentic_overload_working_set_limit_refuses_at_step_1_only() -> None:
         assert not any(k.startswith("kv_working_set@") for k in r["admission_refused_by_step"])
     # the started tasks keep their prefixes
     assert limited["prefix_hit_ratio"] > out["no-limit"]["prefix_hit_ratio"]
+
+
+@pytest.mark.parametrize("reserve", [None, {"interactive": 0.5}])
+def test_an_interactive_reserve_in_the_twin(fakes: SimpleNamespace, reserve: dict[str, float] | None) -> None:
+    """The core's class reserve, through the twin's shell: a standard flood of long requests on 8
+    slots, then a burst of 4 interactive ones. With ``reserve: {interactive: 0.5}`` (the class was
+    active from t=0) the burst starts at once; without, it waits for a long request to end."""
+
+    def req(rid: int, t: float, out: int, priority: int, tenant: str) -> RequestSpec:
+        return RequestSpec(rid, t, 200, out, max_output_tokens=out, tenant=tenant, priority=priority)
+
+    specs = [req(0, 0.0, 5, 1, "light")]
+    specs += [req(1 + i, 0.1 + i * 0.001, 1000, 0, "heavy") for i in range(24)]
+    specs += [req(100 + i, 2.0, 10, 1, "light") for i in range(4)]
+    fleet, _ = make_fleet(
+        fakes, specs, max_in_flight_per_instance=8, queue={"reserve": reserve} if reserve else {}
+    )
+    records = {r.request_id: r for r in fleet.run().records}
+    burst = [records[100 + i].ttft_s for i in range(4)]
+    assert all(t is not None for t in burst)
+    heavy_running_at_burst = sum(
+        1 for i in range(24) if (r := records[1 + i]).scheduled_s is not None and r.scheduled_s <= 2.0
+    )
+    if reserve:
+        assert heavy_running_at_burst == 4  # 4 of the 8 slots were kept for interactive
+        assert max(burst) < 10 * DT  # type: ignore[type-var]
+    else:
+        assert heavy_running_at_burst == 8
+        assert min(burst) > 5.0  # type: ignore[operator]  # waited for a 10 s request to end
