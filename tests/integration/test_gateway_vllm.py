@@ -296,8 +296,11 @@ async def test_gateway_view_of_running_waiting_and_kv_under_a_burst(vllm_gateway
     assert any(chunks), why
     # Cancelled, or (when this process was starved of CPU for seconds) finished: never failed.
     assert all(r is None or isinstance(r, asyncio.CancelledError) for r in results), f"{results} {why}"
+    # Least-loaded: the burst splits 20 and 20. A request that finished before the first poll (this
+    # process starved for seconds while vLLM decoded) is missing from its instance's peak.
+    finished = sum(1 for r in results if r is None)
     for iid in ids:
-        assert peak[iid]["outstanding_requests"] == 20, why  # least-loaded: the burst splits evenly
+        assert 20 - finished <= peak[iid]["outstanding_requests"] <= 20, f"{finished} finished; {why}"
         assert peak[iid]["running"] <= 16, why  # --max-num-seqs
 
     # The client left: the gateway's accounting, and the instances themselves (the requests were
