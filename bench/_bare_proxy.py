@@ -5,7 +5,12 @@ an SSE answer relayed chunk by chunk as it arrives. Same server and client setti
 (uvloop, no access log, handler cancellation, unbounded pool, no decompression), so the difference
 between the two is the gateway's own work: auth, parsing, routing, accounting, metrics.
 
-Usage: ``python bench/_bare_proxy.py --port 9100 --upstreams http://127.0.0.1:9001,...``
+With ``--client tokenplane`` the upstream side is tokenplane's own client
+(:class:`tokenplane.gateway.upstream_client.UpstreamClient`, as in the gateway and the floor), so the
+server framework's share of the gateway's cost can be read off: this proxy minus the floor is
+aiohttp's server, the gateway minus this proxy is the gateway's own work.
+
+Usage: ``python bench/_bare_proxy.py --port 9100 --upstreams http://127.0.0.1:9001,... [--client tokenplane]``
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+from urllib.parse import urlsplit
 
 import aiohttp
 import uvloop
 from aiohttp import web
+
+from tokenplane.gateway.upstream_client import UpstreamClient
 
 
 def make_app(upstreams: list[str]) -> web.Application:
@@ -54,16 +62,47 @@ def make_app(upstreams: list[str]) -> web.Application:
     return app
 
 
+def make_app_own_client(upstreams: list[str]) -> web.Application:
+    parts = [urlsplit(u) for u in upstreams]
+    ring = itertools.cycle([(p.hostname or "127.0.0.1", p.port or 80) for p in parts])
+    client = UpstreamClient(connect_timeout_s=None, read_timeout_s=None)
+
+    async def proxy(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        host, port = next(ring)
+        head = b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n" % (
+            request.path.encode(), host.encode(), port
+        )  # fmt: skip
+        up = await client.post(host, port, head, body, None, headers_timeout_s=None)
+        ctype = up.headers.get("Content-Type", "application/json")
+        if "event-stream" not in ctype:
+            data = await up.read()
+            up.release()
+            return web.Response(status=up.status, body=data, content_type="application/json")
+        out = web.StreamResponse(status=up.status, headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        while data := await up.content.readany():
+            await out.write(data)
+        up.release()
+        await out.write_eof()
+        return out
+
+    app = web.Application()
+    app.router.add_post("/v1/{tail:.*}", proxy)
+    return app
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--upstreams", required=True)
     p.add_argument("--cpu", type=int, default=None)
+    p.add_argument("--client", choices=("aiohttp", "tokenplane"), default="aiohttp")
     a = p.parse_args()
     if a.cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {a.cpu})
     web.run_app(
-        make_app(a.upstreams.split(",")),
+        (make_app if a.client == "aiohttp" else make_app_own_client)(a.upstreams.split(",")),
         host="127.0.0.1",
         port=a.port,
         loop=uvloop.new_event_loop(),

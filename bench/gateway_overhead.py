@@ -37,6 +37,8 @@ Usage::
     python bench/gateway_overhead.py --json     # one JSON object keyed by scenario, plus "summary"
     git worktree add /tmp/base HEAD~5 && python bench/gateway_overhead.py --baseline-src /tmp/base
         # also that commit's gateway, measured just before and just after this one (A/B ratio)
+    python bench/gateway_overhead.py --scenarios ns-c32,decode-c256 --server-split
+        # also aiohttp's server over tokenplane's client: where the gateway's CPU goes
 """
 
 from __future__ import annotations
@@ -365,6 +367,7 @@ class Fleet:
         cpus: tuple[int | None, int | None],
         tmp: Path,
         baseline_src: Path | None = None,
+        server_split: bool = False,
     ) -> None:
         import yaml
 
@@ -393,6 +396,17 @@ class Fleet:
         serve = [str(cli)] if cli.exists() else [py, "-c", "from tokenplane.cli import main; main()"]
         self.gateway = _spawn([*serve, "serve", str(cfg)], proxy_cpu, **quiet)
         self.procs = [self.upstream, self.bare, self.floor, self.gateway]
+        self.server: subprocess.Popen[bytes] | None = None
+        post_only = [(self.bare_port, self.bare), (self.floor_port, self.floor)]
+        if server_split:  # aiohttp's server over tokenplane's client: the framework's share
+            self.server_port = _free_ports(1)[0]
+            self.server = _spawn(
+                [py, str(HERE / "_bare_proxy.py"), "--port", str(self.server_port), "--upstreams", urls,
+                 "--client", "tokenplane"],
+                proxy_cpu, **quiet,
+            )  # fmt: skip
+            self.procs.append(self.server)
+            post_only.append((self.server_port, self.server))
         self.baseline: subprocess.Popen[bytes] | None = None
         if baseline_src is not None:  # the same gateway config, served by another source tree
             self.bl_port = _free_ports(1)[0]
@@ -407,7 +421,7 @@ class Fleet:
             if self.baseline is not None:
                 _wait_http(f"http://127.0.0.1:{self.bl_port}/health", self.baseline)
             # the bare and floor proxies answer POST only: wait for their ports to accept
-            for port, proc in ((self.bare_port, self.bare), (self.floor_port, self.floor)):
+            for port, proc in post_only:
                 deadline = time.monotonic() + 30
                 while True:
                     try:
@@ -427,6 +441,10 @@ class Fleet:
             {"name": "bare", "ports": [self.bare_port], "pid": self.bare.pid, "auth": False},
             {"name": "floor", "ports": [self.floor_port], "pid": self.floor.pid, "auth": False},
         ]
+        if self.server is not None:
+            out.append(
+                {"name": "aio-server", "ports": [self.server_port], "pid": self.server.pid, "auth": False}
+            )
         gateway = {"name": "gateway", "ports": [self.gw_port], "pid": self.gateway.pid, "auth": True}
         if self.baseline is None:
             return [*out, gateway]
@@ -582,6 +600,12 @@ def main() -> None:
         help="another checkout (e.g. a git worktree of an older commit): its gateway is measured "
         "just before and just after this one, side by side, for a gateway/baseline CPU ratio",
     )
+    p.add_argument(
+        "--server-split",
+        action="store_true",
+        help="also measure aiohttp's server over tokenplane's upstream client (target aio-server): "
+        "aio-server minus floor is the server framework, gateway minus aio-server the gateway's own work",
+    )
     p.add_argument("--_loadgen", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a._loadgen:
@@ -612,7 +636,7 @@ def main() -> None:
                 kind = _scenario(name)[0]
                 delay = a.decode_ms if kind == "decode" else 0.0
                 if delay not in fleets:
-                    fleets[delay] = Fleet(a.chunks, delay, cpus, Path(tmp), a.baseline_src)
+                    fleets[delay] = Fleet(a.chunks, delay, cpus, Path(tmp), a.baseline_src, a.server_split)
                 raw = _run_scenario(
                     fleets[delay], name, warmup, window, a.prompt_chars, cpus[0], a.chunks, a.decode_ms
                 )
