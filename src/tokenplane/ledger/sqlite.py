@@ -8,7 +8,7 @@ serialise instead of failing half-way); the row's new state comes from the same 
 (per outcome, for the whole ledger, each tenant and each model), moved in the same transaction as
 the workflows they sum, so reading them costs O(groups) however long the ledger has run (a scan of
 300,000 workflows took about 0.5 s, on every ``/metrics`` scrape); they become figures through
-:func:`tokenplane.core.economics.summarize_totals`.
+:func:`tokenplane.core.economics.summarize_sums`.
 
 Thread-safety: the connection is opened with ``check_same_thread=False`` and every use holds a
 lock, so a store may be handed to a worker thread (:class:`~tokenplane.ledger.aio.AsyncLedger`).

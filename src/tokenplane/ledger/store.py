@@ -52,11 +52,15 @@ TotalsKey = tuple[str, str, TaskOutcome]
 TOTALS_FIELDS = ("tasks", "cost_usd", "failed_attempt_cost_usd", "tokens", "attempts", "failed_attempts")
 
 
+def totals_keys(w: WorkflowSummary) -> tuple[TotalsKey, TotalsKey, TotalsKey]:
+    """The running sums one workflow counts in: the whole ledger's, its tenant's, its model's."""
+    return ("", "", w.outcome), ("tenant", w.tenant, w.outcome), ("model", w.model, w.outcome)
+
+
 def add_to_totals(acc: dict[TotalsKey, list[float]], w: WorkflowSummary, sign: int) -> None:
     """Add (``sign`` 1) or take back (-1) one workflow's part of the running economics: a write
     takes back the workflow's previous state and adds its new one, so reads never scan workflows."""
-    for kind, group in (("", ""), ("tenant", w.tenant), ("model", w.model)):
-        key = (kind, group, w.outcome)
+    for key in totals_keys(w):
         a = acc.get(key)
         if a is None:
             a = acc[key] = [0.0] * 6
@@ -335,8 +339,8 @@ class MemoryLedger(BaseLedger):
 
     def _clear_empty(self, w: WorkflowSummary) -> None:
         """Exact zeros, not rounding residue, under an outcome no task holds any more."""
-        for kind, group in (("", ""), ("tenant", w.tenant), ("model", w.model)):
-            a = self._totals[(kind, group, w.outcome)]
+        for key in totals_keys(w):
+            a = self._totals[key]
             if a[0] == 0:
                 a[:] = [0.0] * 6
 
