@@ -18,13 +18,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-from urllib.parse import urlsplit
 
 import aiohttp
 import uvloop
+from _floor_proxy import Upstreams
 from aiohttp import web
-
-from tokenplane.gateway.upstream_client import UpstreamClient
 
 
 def make_app(upstreams: list[str]) -> web.Application:
@@ -63,17 +61,10 @@ def make_app(upstreams: list[str]) -> web.Application:
 
 
 def make_app_own_client(upstreams: list[str]) -> web.Application:
-    parts = [urlsplit(u) for u in upstreams]
-    ring = itertools.cycle([(p.hostname or "127.0.0.1", p.port or 80) for p in parts])
-    client = UpstreamClient(connect_timeout_s=None, read_timeout_s=None)
+    ups = Upstreams(upstreams)  # the floor's upstream side
 
     async def proxy(request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        host, port = next(ring)
-        head = b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n" % (
-            request.path.encode(), host.encode(), port
-        )  # fmt: skip
-        up = await client.post(host, port, head, body, None, headers_timeout_s=None)
+        up = await ups.post(request.path.encode(), await request.read())
         ctype = up.headers.get("Content-Type", "application/json")
         if "event-stream" not in ctype:
             data = await up.read()

@@ -19,23 +19,31 @@ from urllib.parse import urlsplit
 import httptools
 import uvloop
 
-from tokenplane.gateway.upstream_client import UpstreamClient
+from tokenplane.gateway.upstream_client import UpstreamClient, UpstreamResponse
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
-class _Proxy:
+class Upstreams:
+    """Round-robin over the upstreams through tokenplane's own client (also ``_bare_proxy.py
+    --client tokenplane``'s upstream side)."""
+
     def __init__(self, upstreams: list[str]) -> None:
         parts = [urlsplit(u) for u in upstreams]
         self.ring = itertools.cycle([(p.hostname or "127.0.0.1", p.port or 80) for p in parts])
         self.client = UpstreamClient(connect_timeout_s=None, read_timeout_s=None)
 
-    async def handle(self, transport: asyncio.Transport, path: bytes, body: bytes) -> None:
+    async def post(self, path: bytes, body: bytes) -> UpstreamResponse:
         host, port = next(self.ring)
         head = b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n" % (
             path, host.encode(), port
         )  # fmt: skip
-        up = await self.client.post(host, port, head, body, None, headers_timeout_s=None)
+        return await self.client.post(host, port, head, body, None, headers_timeout_s=None)
+
+
+class _Proxy(Upstreams):
+    async def handle(self, transport: asyncio.Transport, path: bytes, body: bytes) -> None:
+        up = await self.post(path, body)
         ctype = up.headers.get("Content-Type", "application/json").encode()
         if b"event-stream" not in ctype:
             data = await up.read()
