@@ -17,8 +17,6 @@ from tokenplane.gateway.app import create_app
 from tokenplane.gateway.config import load_config
 from tokenplane.runloop import freeze_startup_objects, new_event_loop
 
-SERVER_OPTIONS = {"handler_cancellation": True, "access_log": None}
-
 
 def serve(config: Path, host: str | None, port: int | None) -> None:
     """Load ``config`` (raising ConfigError on a bad file), then serve on ``host:port`` (or the config's)."""
