@@ -104,27 +104,15 @@ async def test_an_interactive_reserve_lets_a_burst_start_at_once_under_a_flood(e
         )
         light, heavy = gw.client(names.KEY), gw.client(names.BATCH_KEY)
         await _ttft(light, -1)  # interactive is active: its reserve holds from now on
-        stop = asyncio.Event()
-
-        async def flood_one() -> None:
-            while not stop.is_set():
-                r = await heavy.completions.create(model=MODEL, prompt="heavy " * 50, max_tokens=200)
-                assert r.choices[0].text
-
-        flooders = [asyncio.create_task(flood_one()) for _ in range(24)]
-        try:
+        async with _flood(heavy):
             await asyncio.sleep(0.5)  # the flood holds every slot it may and queues the rest
-            metrics = await gw.get("/metrics")
+            depth = await _queue_depth(gw)
             bursts = []  # the best of three: one stall of a shared test machine must not decide
             for _ in range(3):
                 bursts.append(await asyncio.gather(*(_ttft(light, i) for i in range(4))))
                 await asyncio.sleep(0.05)
             burst = min(bursts, key=max)
-        finally:
-            stop.set()
-            await asyncio.gather(*flooders, return_exceptions=True)
-        depth = [line for line in metrics.splitlines() if line.startswith("tokenplane_queue_depth")]
-        assert depth and float(depth[0].rsplit(" ", 1)[1]) >= 16  # 24 heavy, at most 4 running
+        assert depth >= 16, depth  # 24 heavy, at most 4 running
         print(f"\nburst TTFTs under the flood: {[[round(t * 1e3) for t in b] for b in bursts]} ms")
         assert max(burst) < 0.2, bursts
 
@@ -147,31 +135,44 @@ async def _run(emu, emu_gateway, names) -> None:
     # not decide; a starved light tenant would wait for a heavy request to finish (~0.4 s) every round.
     alone = min([await _light_p99(light) for _ in range(3)])
 
-    stop = asyncio.Event()
-    served = 0
-
-    async def flood_one() -> None:
-        nonlocal served
-        while not stop.is_set():
-            r = await heavy.completions.create(model=MODEL, prompt="heavy " * 50, max_tokens=200)
-            assert r.choices[0].text
-            served += 1
-
-    flooders = [asyncio.create_task(flood_one()) for _ in range(24)]
-    await asyncio.sleep(0.5)  # every slot the heavy tenant may hold is busy, and it queues
-    depth = [
-        line for line in (await gw.get("/metrics")).splitlines() if line.startswith("tokenplane_queue_depth")
-    ]
-    flooded = min([await _light_p99(light) for _ in range(3)])
-    stop.set()
-    await asyncio.gather(*flooders, return_exceptions=True)
-    print(f"\nlight TTFT p99 alone {alone * 1e3:.1f} ms, with a flood {flooded * 1e3:.1f} ms; {depth}")
-    assert depth and float(depth[0].rsplit(" ", 1)[1]) > 0  # the heavy tenant really was queued
+    async with _flood(heavy):
+        await asyncio.sleep(0.5)  # every slot the heavy tenant may hold is busy, and it queues
+        depth = await _queue_depth(gw)
+        flooded = min([await _light_p99(light) for _ in range(3)])
+    print(f"\nlight TTFT p99 alone {alone * 1e3:.1f} ms, with a flood {flooded * 1e3:.1f} ms; queue {depth}")
+    assert depth > 0  # the heavy tenant really was queued
     # The issue's target is +20 %. In one test process the flood's 24 clients and the gateway relaying
     # them cost the light requests 5-20 ms of event-loop CPU (measured: 11-21 ms alone, 13-30 ms
     # flooded), so this asserts the starvation bound only: without a fair share a light request waits
     # for a heavy one to finish (200 steps of 2 ms, ~400 ms). Not yet shown here: see the report.
     assert flooded <= alone * 1.2 + 0.05
+
+
+@contextlib.asynccontextmanager
+async def _flood(heavy: openai.AsyncOpenAI, clients: int = 24) -> AsyncIterator[None]:
+    """``clients`` heavy clients sending 200-token completions back to back until the block ends."""
+    stop = asyncio.Event()
+
+    async def flood_one() -> None:
+        while not stop.is_set():
+            r = await heavy.completions.create(model=MODEL, prompt="heavy " * 50, max_tokens=200)
+            assert r.choices[0].text
+
+    flooders = [asyncio.create_task(flood_one()) for _ in range(clients)]
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.gather(*flooders, return_exceptions=True)
+
+
+async def _queue_depth(gw) -> float:
+    """The gateway's ``tokenplane_queue_depth`` (one model)."""
+    lines = [
+        line for line in (await gw.get("/metrics")).splitlines() if line.startswith("tokenplane_queue_depth")
+    ]
+    assert lines, "no tokenplane_queue_depth on /metrics"
+    return float(lines[0].rsplit(" ", 1)[1])
 
 
 def _hash(key: str) -> str:
