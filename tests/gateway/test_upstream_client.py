@@ -264,3 +264,55 @@ async def test_a_slow_reader_pauses_the_connection(serve) -> None:
     assert total == size and sent.is_set()
     resp.release()
     await c.close()
+
+
+async def test_a_big_answer_read_whole_leaves_the_reused_connection_reading(serve) -> None:
+    """An answer over the high-water mark that ends in one read pauses the connection; reading it
+    whole must resume it, or the next request on the pooled connection would never be answered."""
+    big = b"x" * (HIGH_WATER_BYTES + HIGH_WATER_BYTES // 2)  # over the mark, within one read
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(ok(big))
+            await writer.drain()
+
+    state = await serve(handler)
+    c = client()
+    for _ in range(3):
+        resp = await c.post("127.0.0.1", state.port, HEAD, b"{}")
+        await asyncio.sleep(0.05)  # let the whole answer arrive before it is read
+        assert await resp.read() == big
+        resp.release()
+    assert state.connections == 1
+    await c.close()
+
+
+async def test_a_response_is_freed_without_the_cyclic_collector(serve) -> None:
+    """Responses are made per request: none may sit in a reference cycle (the collector would then
+    walk every in-flight request's objects to free them; it cost ~10 µs of CPU a request)."""
+    import gc
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(ok(b"{}"))
+            await writer.drain()
+
+    state = await serve(handler)
+    c = client()
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(5):
+            resp = await c.post("127.0.0.1", state.port, HEAD, b"{}")
+            assert await resp.read() == b"{}"
+            resp.release()
+        del resp
+        gc.collect()
+        leaked = [type(o).__name__ for o in gc.garbage if type(o).__module__.startswith("tokenplane")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert leaked == []
+    await c.close()

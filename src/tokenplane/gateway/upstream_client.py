@@ -214,15 +214,17 @@ class _Connection(asyncio.Protocol):
 
 
 class _Content:
-    """``resp.content``: the body stream."""
+    """``resp.content``: the body stream. It holds the connection, not the response: a reference
+    back would make every response a reference cycle, left for the cyclic collector to find."""
 
-    __slots__ = ("_resp",)
+    __slots__ = ("_conn", "read_timeout_s")
 
-    def __init__(self, resp: UpstreamResponse) -> None:
-        self._resp = resp
+    def __init__(self, conn: _Connection, read_timeout_s: float | None) -> None:
+        self._conn = conn
+        self.read_timeout_s = read_timeout_s
 
     async def readany(self) -> bytes:
-        return await self._resp._conn.readany(self._resp.read_timeout_s)
+        return await self._conn.readany(self.read_timeout_s)
 
     async def read(self, n: int = -1) -> bytes:
         out = bytearray()
@@ -235,21 +237,39 @@ class _Content:
 
 
 class UpstreamResponse:
-    __slots__ = ("_client", "_conn", "_done", "content", "read_timeout_s", "status")
+    __slots__ = ("_client", "_conn", "_done", "content", "status")
 
     def __init__(self, client: UpstreamClient, conn: _Connection, read_timeout_s: float | None) -> None:
         self._client = client
         self._conn = conn
-        self.read_timeout_s = read_timeout_s  # per read of the body; a stream may shorten it
         self._done = False
         self.status = conn.status
-        self.content = _Content(self)
+        self.content = _Content(conn, read_timeout_s)
+
+    @property
+    def read_timeout_s(self) -> float | None:
+        """Per read of the body; a stream may shorten it."""
+        return self.content.read_timeout_s
+
+    @read_timeout_s.setter
+    def read_timeout_s(self, value: float | None) -> None:
+        self.content.read_timeout_s = value
 
     @property
     def headers(self) -> CIMultiDictProxy[str]:
         return self._conn.headers()
 
     async def read(self) -> bytes:
+        conn = self._conn
+        if conn.complete and conn._error is None:  # the usual JSON answer: all here already
+            body = conn._body
+            data = body.popleft() if len(body) == 1 else b"".join(body)
+            body.clear()
+            conn._buffered = 0
+            if conn._paused and conn.transport is not None:  # the end came with a big last read
+                conn._paused = False
+                conn.transport.resume_reading()
+            return data
         return await self.content.read()
 
     def release(self) -> None:
@@ -290,9 +310,8 @@ class UpstreamClient:
             if conn.transport is not None:
                 conn.transport.close()
             return
-        conn._reset()
-        conn._cancel_timer()
-        idle.append(conn)
+        conn._reset()  # its timer stays armed: firing while idle is a no-op, and the next request's
+        idle.append(conn)  # wait only moves the deadline (no timer armed and cancelled per request)
 
     async def _connect(self, key: tuple[str, int]) -> _Connection:
         loop = asyncio.get_running_loop()
