@@ -48,6 +48,7 @@ from tokenplane.gateway.errors import GatewayError, InvalidParameter, InvalidReq
 from tokenplane.gateway.tenants import Tenant
 from tokenplane.ledger import (
     AsyncLedger,
+    AttemptRecord,
     LedgerError,
     MemoryLedger,
     SqliteLedger,
@@ -163,7 +164,6 @@ class Workflows:
         self._spend: dict[tuple[str, str], float] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._refreshing: asyncio.Task[None] | None = None
-        self._writes: set[asyncio.Future[WorkflowSummary]] = set()
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -262,7 +262,8 @@ class Workflows:
                 del spend[next(iter(spend))]
         t = time.time()
         try:
-            fut = ledger.record_attempt_nowait(
+            ledger.record_attempt_nowait(
+                self._written,
                 request_id=info.request_id,
                 workflow_id=wf.workflow_id if wf is not None else None,
                 tenant=info.tenant,
@@ -281,19 +282,12 @@ class Workflows:
         except LedgerError:
             log.exception("an attempt could not be recorded")
             return
-        self._writes.add(fut)
-        fut.add_done_callback(lambda f: self._written(f, t))
 
-    def _written(self, fut: asyncio.Future[WorkflowSummary], t: float) -> None:
-        self._writes.discard(fut)
-        if fut.cancelled():
-            return
-        exc = fut.exception()
-        if exc is not None:
+    def _written(self, write: AttemptRecord, w: WorkflowSummary | None, exc: BaseException | None) -> None:
+        if exc is not None or w is None:
             log.error("the ledger refused an attempt: %s", exc)
             return
-        w = fut.result()
-        if w.outcome is not TaskOutcome.OPEN and w.settled_t == t:  # this attempt settled it
+        if w.outcome is not TaskOutcome.OPEN and w.settled_t == write.t:  # this attempt settled it
             self.metrics.task(w.tenant, w.model, w.outcome.value)
             self._spend.pop((w.tenant, w.workflow_id), None)
 

@@ -19,6 +19,7 @@ worker thread. A failed batch fails every write in it with the store's exception
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -27,10 +28,15 @@ from tokenplane.core.economics import EconomicsSummary, TaskOutcome
 from tokenplane.ledger.records import AttemptRecord, WorkflowSummary
 from tokenplane.ledger.store import BaseLedger, GroupBy, LedgerStore, LedgerWrite
 
-__all__ = ["DEFAULT_MAX_BATCH", "AsyncLedger"]
+__all__ = ["DEFAULT_MAX_BATCH", "AsyncLedger", "OnWritten"]
 
 DEFAULT_MAX_BATCH = 256
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+OnWritten = Callable[[AttemptRecord, WorkflowSummary | None, BaseException | None], None]
+"""Called once a write committed (summary, ``None``) or failed (``None``, the error)."""
+_Waiter = asyncio.Future[WorkflowSummary] | OnWritten
 
 
 class AsyncLedger:
@@ -43,7 +49,7 @@ class AsyncLedger:
         self.max_batch = max_batch
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenplane-ledger")
         self._inline = not getattr(store, "blocking", True)
-        self._pending: list[tuple[LedgerWrite, asyncio.Future[WorkflowSummary]]] = []
+        self._pending: list[tuple[LedgerWrite, _Waiter]] = []
         self._flusher: asyncio.Task[None] | None = None
         self.batches = 0
         """Transactions committed so far (for tests and metrics)."""
@@ -54,12 +60,14 @@ class AsyncLedger:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn, *args)
 
-    def _enqueue(self, write: LedgerWrite) -> asyncio.Future[WorkflowSummary]:
-        fut: asyncio.Future[WorkflowSummary] = asyncio.get_running_loop().create_future()
-        self._pending.append((write, fut))
+    def _enqueue(self, write: LedgerWrite, waiter: _Waiter | None = None) -> asyncio.Future[WorkflowSummary]:
+        fut: asyncio.Future[WorkflowSummary] | None = None
+        if waiter is None:
+            waiter = fut = asyncio.get_running_loop().create_future()
+        self._pending.append((write, waiter))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
-        return fut
+        return fut  # type: ignore[return-value]  # None only for a callback waiter (nowait)
 
     async def _submit(self, write: LedgerWrite) -> WorkflowSummary:
         return await self._enqueue(write)
@@ -73,14 +81,12 @@ class AsyncLedger:
             try:
                 results = await self._run(self.store.write_batch, [w for w, _ in batch])
             except Exception as exc:
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
+                for w, waiter in batch:
+                    _settle(w, waiter, None, exc)
                 continue
             self.batches += 1
-            for (_, fut), summary in zip(batch, results, strict=True):
-                if not fut.done():
-                    fut.set_result(summary)
+            for (w, waiter), summary in zip(batch, results, strict=True):
+                _settle(w, waiter, summary, None)
 
     async def flush(self) -> None:
         """Wait until every write submitted so far is committed."""
@@ -92,10 +98,11 @@ class AsyncLedger:
         """Same keywords as :meth:`LedgerStore.record_attempt`."""
         return await self._submit(BaseLedger.attempt(**fields))
 
-    def record_attempt_nowait(self, **fields: Any) -> asyncio.Future[WorkflowSummary]:
-        """:meth:`record_attempt` without waiting (for a request path that must not): validated here,
-        committed with the next batch; the caller owns the future (and must read its exception)."""
-        return self._enqueue(BaseLedger.attempt(**fields))
+    def record_attempt_nowait(self, on_written: OnWritten, **fields: Any) -> None:
+        """:meth:`record_attempt` without waiting (for a request path that must not): validated here
+        (a bad write raises at once), committed with the next batch, then ``on_written`` is called
+        from the flusher. No future per write: a request path pays one list append."""
+        self._enqueue(BaseLedger.attempt(**fields), on_written)
 
     async def record_outcome(
         self, workflow_id: str, tenant: str, outcome: str | TaskOutcome, t: float, *, reason: str = "client"
@@ -132,3 +139,21 @@ class AsyncLedger:
         await self.flush()
         await self._run(self.store.close)
         self._executor.shutdown(wait=True)
+
+
+def _settle(
+    write: LedgerWrite, waiter: _Waiter, summary: WorkflowSummary | None, exc: BaseException | None
+) -> None:
+    if isinstance(waiter, asyncio.Future):
+        if not waiter.done():
+            if exc is not None:
+                waiter.set_exception(exc)
+            else:
+                assert summary is not None
+                waiter.set_result(summary)
+        return
+    assert isinstance(write, AttemptRecord)  # only attempts are written without waiting
+    try:
+        waiter(write, summary, exc)
+    except Exception:  # one bad callback must not stop the rest of the batch
+        log.exception("a ledger write callback failed")
