@@ -7,7 +7,7 @@ import gc
 import pytest
 from aiohttp import web
 
-from tokenplane.runloop import freeze_startup_objects
+from tokenplane.runloop import GC_YOUNG_THRESHOLD, freeze_startup_objects
 
 pytestmark = pytest.mark.anyio
 
@@ -16,11 +16,15 @@ async def test_startup_objects_are_frozen_out_of_the_collectors_reach() -> None:
     """Full collections under load walk only what was made since start-up, not every module."""
     table = [{"block": i} for i in range(1000)]  # made at start-up, alive for the process's life
     gc.unfreeze()
+    before = gc.get_threshold()
     try:
         await freeze_startup_objects(web.Application())
         frozen = gc.get_freeze_count()
         assert frozen > len(table)
         swept = {id(o) for o in gc.get_objects(generation=2)}  # what a full collection walks
         assert not any(id(x) in swept for x in table)
+        # requests in flight no longer bring a young collection every few dozen requests
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *before[1:])
     finally:
         gc.unfreeze()
+        gc.set_threshold(*before)
