@@ -30,12 +30,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tokenplane.core.economics import EconomicsSummary, TokenCosts, token_costs
 from tokenplane.gateway.config import InstanceConfig, LedgerConfig
+from tokenplane.gateway.lean_metrics import LeanCounter
 
 __all__ = ["PREFILL_CHUNK_TOKENS", "CostModel", "EconomicsMetrics", "twin_throughput"]
 
@@ -141,34 +142,24 @@ class EconomicsMetrics:
     """Cost and task counters (incremented by the gateway) and the ledger-snapshot gauges."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self._cost = Counter(
+        self._cost = LeanCounter(
             "tokenplane_cost_usd",
             "Attributed spend of upstream attempts, in dollars",
             ["tenant", "model"],
             registry=registry,
         )
-        self._tasks = Counter(
+        self._tasks = LeanCounter(
             "tokenplane_tasks",
             "Tasks (workflows; a request without one is a one-step task) settled, by outcome",
             ["tenant", "model", "outcome"],
             registry=registry,
         )
-        self._cost_children: dict[tuple[str, str], Counter] = {}
-        self._task_children: dict[tuple[str, str, str], Counter] = {}
         self.snapshot: dict[str, EconomicsSummary] = {}
         """Per tenant, the ledger's aggregates as last read (see the module docstring)."""
         registry.register(_SnapshotCollector(self))
 
     def cost(self, tenant: str, model: str, usd: float) -> None:
-        key = (tenant, model)
-        c = self._cost_children.get(key)
-        if c is None:
-            c = self._cost_children[key] = self._cost.labels(*key)
-        c.inc(usd)
+        self._cost.labels(tenant, model).inc(usd)
 
     def task(self, tenant: str, model: str, outcome: str) -> None:
-        key = (tenant, model or "unknown", outcome)
-        c = self._task_children.get(key)
-        if c is None:
-            c = self._task_children[key] = self._tasks.labels(*key)
-        c.inc()
+        self._tasks.labels(tenant, model or "unknown", outcome).inc()

@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
+
+from tokenplane.gateway.lean_metrics import LeanHistogram
 
 __all__ = ["PathMetrics"]
 
@@ -22,48 +24,34 @@ _TBT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1
 
 class PathMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self._tbt = Histogram(
+        self._tbt = LeanHistogram(
             "tokenplane_time_between_tokens_seconds",
             "Mean time between token events of a streamed attempt",
             ["model"],
             buckets=_TBT_BUCKETS,
             registry=registry,
         )
-        self._e2e = Histogram(
+        self._e2e = LeanHistogram(
             "tokenplane_request_e2e_seconds",
             "Arrival to the last byte sent, requests that succeeded, per model and tenant",
             ["model", "tenant"],
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
-        self._upstream = Histogram(
+        self._upstream = LeanHistogram(
             "tokenplane_upstream_duration_seconds",
             "One upstream attempt, request sent to answer ended",
             ["model", "instance"],
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
-        self._tbt_children: dict[str, Histogram] = {}
-        self._e2e_children: dict[tuple[str, str], Histogram] = {}
-        self._upstream_children: dict[tuple[str, str], Histogram] = {}
 
     def attempt(
         self, model: str, instance: str, duration_s: float, tokens: int, first_token_s: float | None
     ) -> None:
-        key = (model, instance)
-        h = self._upstream_children.get(key)
-        if h is None:
-            h = self._upstream_children[key] = self._upstream.labels(*key)
-        h.observe(duration_s)
+        self._upstream.labels(model, instance).observe(duration_s)
         if first_token_s is not None and tokens > 1:
-            t = self._tbt_children.get(model)
-            if t is None:
-                t = self._tbt_children[model] = self._tbt.labels(model)
-            t.observe(max(0.0, duration_s - first_token_s) / (tokens - 1))
+            self._tbt.labels(model).observe(max(0.0, duration_s - first_token_s) / (tokens - 1))
 
     def request(self, model: str, tenant: str, duration_s: float) -> None:
-        key = (model, tenant)
-        h = self._e2e_children.get(key)
-        if h is None:
-            h = self._e2e_children[key] = self._e2e.labels(*key)
-        h.observe(duration_s)
+        self._e2e.labels(model, tenant).observe(duration_s)
