@@ -179,6 +179,11 @@ class BreakerMachine(RuleBasedStateMachine):
     def tick(self) -> None:
         self._check(self.board.tick(self.now))
 
+    @rule(iid=st.sampled_from("abcd"))
+    def forget(self, iid: str) -> None:
+        self.board.forget(iid)
+        self.last.pop(iid, None)
+
     @invariant()
     def reads_agree(self) -> None:
         for iid in "abcd":
@@ -190,6 +195,13 @@ class BreakerMachine(RuleBasedStateMachine):
                 assert allowed
             recorded = self.last.get(iid, CLOSED)
             assert state is recorded or (recorded is OPEN and state is HALF)
+
+    @invariant()
+    def all_closed_means_every_instance_allowed(self) -> None:
+        closed = all(s is CLOSED for s in self.last.values())
+        assert self.board.all_closed is closed
+        if closed:
+            assert all(self.board.allow(iid, now=self.now + dt) for iid in "abcd" for dt in (0.0, 100.0))
 
 
 TestBreakerMachine = BreakerMachine.TestCase

@@ -4,6 +4,8 @@ the gateway keeps serving afterwards."""
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import AsyncIterator
 
 import aiohttp
 import openai
@@ -264,3 +266,27 @@ async def test_gateway_survives_many_failures(upstreams, gateway) -> None:
     assert {r[0] for r in results} == {400}
     async with aiohttp.ClientSession() as s, s.get(gw.url + "/health") as resp:
         assert resp.status == 200
+
+
+@pytest.mark.parametrize("size_kib", [70, 40])
+async def test_chunked_body_is_held_to_the_limit(upstreams, gateway, names, size_kib: int) -> None:
+    """Without Content-Length (chunked), the limit applies to the body as received: over it, 413
+    and nothing forwarded; under it, served."""
+    ups = await upstreams(1)
+    gw = await gateway(ups)
+    pad = "x" * (size_kib * 1024)
+    body = json.dumps({"model": names.MODEL, "messages": [{"role": "user", "content": "hi"}], "user": pad})
+
+    async def chunks() -> AsyncIterator[bytes]:
+        data = body.encode()
+        for i in range(0, len(data), 8192):
+            yield data[i : i + 8192]
+
+    headers = {"Authorization": f"Bearer {names.KEY}", "Content-Type": "application/json"}
+    async with gw.http.post(gw.url + CHAT, data=chunks(), headers=headers) as resp:
+        got = await resp.json()
+        if size_kib * 1024 > 64 * 1024:
+            assert resp.status == 413 and got["error"]["code"] == "request_too_large"
+            assert ups[0].requests == []
+        else:
+            assert resp.status == 200, got

@@ -2,19 +2,24 @@
 
 The gateway has no tokenizer for every model it fronts, so it approximates: a block is
 ``block_tokens * CHARS_PER_TOKEN`` characters of the canonically rendered prompt. Each block's
-hash covers every character before it (a chain), so two prompts share exactly their leading
-blocks' hashes, as a runtime's prefix cache shares their leading KV blocks. Hashes are stable
-across processes and machines (BLAKE2b, not Python's salted ``hash``), so several gateway
-replicas, and the emulator, agree on them.
+hash covers every character before it (a chain: each block is hashed with the previous link as
+the seed), so two prompts share exactly their leading blocks' hashes, as a runtime's prefix cache
+shares their leading KV blocks. Hashes are stable across processes and machines (XXH3-64, not
+Python's salted ``hash``), so several gateway replicas, and the emulator, agree on them.
 
-Cost: one BLAKE2b update per block, about 0.3 µs + 1 ns per character.
+Why XXH3 rather than a cryptographic hash: this runs on every request in the gateway. A chain of
+XXH3 calls costs ~0.2 µs a block (a 1,200-character prompt in ~5 µs), where BLAKE2b's
+update-copy-digest cost ~1.3 µs a block. A crafted collision could only mis-steer prefix affinity
+(a routing hint, never a correctness input), so collision resistance against an adversary is not
+needed; accidental collisions are ~2^-63 per pair, as for any 63-bit id.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from xxhash import xxh3_64_intdigest
 
 CHARS_PER_TOKEN = 4
 DEFAULT_BLOCK_TOKENS = 16
@@ -49,10 +54,9 @@ def block_hashes(text: str, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> tuple[i
     if size <= 0:
         raise ValueError("block_tokens must be positive")
     data = text.encode("utf-8", "surrogatepass")
-    n = len(data) // size
     out = []
-    h = hashlib.blake2b(digest_size=8)
-    for i in range(n):
-        h.update(data[i * size : (i + 1) * size])
-        out.append(int.from_bytes(h.copy().digest(), "big") >> 1)
+    link = 0
+    for pos in range(0, len(data) - size + 1, size):
+        link = xxh3_64_intdigest(data[pos : pos + size], link) >> 1  # 63 bits: non-negative ids
+        out.append(link)
     return tuple(out)

@@ -39,6 +39,7 @@ from aiohttp import web
 from tokenplane.core.admission import AdmissionQueue, PriorityClass
 from tokenplane.core.breaker import BreakerState
 from tokenplane.core.outcomes import AttemptOutcome, AttemptResult
+from tokenplane.core.prompt_hash import block_hashes
 from tokenplane.core.retry_budget import AttemptKind
 from tokenplane.core.shedding import LoadShedder
 from tokenplane.core.task_admission import KvWorkingSetLimit, fleet_kv_capacity_tokens
@@ -64,7 +65,6 @@ from tokenplane.gateway.errors import (
     error_response,
 )
 from tokenplane.gateway.fallback import SERVED_BY_HEADER, FallbackChain, FallbackMetrics, quality_of
-from tokenplane.gateway.hashing import BlockHasher
 from tokenplane.gateway.kv_events import KvEventsSubscriber, sources_from_instances
 from tokenplane.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from tokenplane.gateway.path_metrics import PathMetrics
@@ -149,7 +149,6 @@ class Gateway:
         self._housekeeping: asyncio.Task[None] | None = None
         kv_sources = sources_from_instances(config.instances)
         self.kv_events: KvEventsSubscriber | None = KvEventsSubscriber(kv_sources) if kv_sources else None
-        self.hasher = BlockHasher()
         self.session: aiohttp.ClientSession | None = None
         self.upstream_client: UpstreamClient | None = None
         self._ids = itertools.count(1)
@@ -238,15 +237,26 @@ class Gateway:
                 log.exception("housekeeping failed")
 
     def _capacity_of(self, model: str) -> Callable[[], int]:
+        """The pool's usable slots. While every breaker is closed it depends only on health,
+        draining and membership, so it is cached against the pool's generation (read per request)."""
         board = self.resilience.board
+        pool = self.pool
+        generation = pool.generation
+        cached = [-1, 0]  # [generation, capacity]
 
         def capacity() -> int:
+            closed = board.all_closed
+            if closed and cached[0] == generation.value:
+                return cached[1]
             now = time.monotonic()
-            return sum(
+            value = sum(
                 u.config.max_concurrency
-                for u in self.pool.for_model(model)
-                if u.healthy and not u.draining and board.allow(u.id, now=now)
+                for u in pool.for_model(model)
+                if u.healthy and not u.draining and (closed or board.allow(u.id, now=now))
             )
+            if closed:
+                cached[0], cached[1] = generation.value, value
+            return value
 
         return capacity
 
@@ -269,6 +279,12 @@ class Gateway:
         length = request.content_length
         if length is not None and length > limit:
             raise BodyTooLarge(f"the request body is {length} bytes; the limit is {limit}")
+        content = request.content
+        if content.is_eof():  # the usual case: the whole body came with the headers
+            data = content.read_nowait(-1)
+            if len(data) > limit:
+                raise BodyTooLarge(f"the request body is over the limit of {limit} bytes")
+            return data
         try:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -290,7 +306,7 @@ class Gateway:
             model=model.name,
             prompt_tokens=parsed.prompt_tokens,
             max_output_tokens=parsed.max_tokens or ASSUMED_OUTPUT_TOKENS,
-            block_hashes=self.hasher.hashes(parsed.prompt_text),
+            block_hashes=block_hashes(parsed.prompt_text),
             tenant=tenant.name,
             priority=tenant.priority if hints is None else hints.priority,
             arrival_s=now,
@@ -534,8 +550,10 @@ class Gateway:
         info = ex.info
         assert info is not None
         body = parsed.body
-        body["model"] = model.served_name
-        raw = _encode(body)
+        raw = parsed.raw
+        if raw is None or body["model"] != model.served_name:
+            body["model"] = model.served_name
+            raw = parsed.raw = _encode(body)
         res = self.resilience
         splicer = (
             StreamSplicer(request, parsed.endpoint == "chat", res.retry.stream_idle_timeout_s)
@@ -648,6 +666,8 @@ class Gateway:
                         return hit_response(stored, parsed.body, parsed.stream)
                     cache_key = None if parsed.stream else key
             hints = self.workflows.hints(request.headers, parsed.body, tenant, now)
+            if hints is not None:
+                parsed.raw = None  # its hint fields may have been taken out of the body
             if self.fallbacks is not None and (chain := self.fallbacks.get(model.name)) is not None:
                 moved = chain.choose(quality_of(request.headers, parsed.body), tenant.may_use)
                 if moved is not None:

@@ -10,8 +10,9 @@ once at the end for ``usage``; without one, output tokens are counted as token e
 A client that goes away mid-stream (the handler is cancelled, or a write fails) closes the upstream
 response, which closes its connection: vLLM aborts the request in the engine when that happens.
 
-Seams for later: retries and stream continuation wrap :func:`open_upstream` / :func:`relay_stream`
-(an attempt = one call; :class:`Exchange` carries what a continuation needs: events already sent).
+Retries and stream continuation wrap :func:`open_upstream` and the stream relay
+(:class:`~tokenplane.gateway.continuation.StreamSplicer`; an attempt = one call, and
+:class:`Exchange` carries what a continuation needs: events already sent).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from tokenplane.gateway.errors import (
     UpstreamStalled,
     UpstreamTimeout,
     UpstreamUnavailable,
-    error_event,
 )
 from tokenplane.gateway.upstream_client import UpstreamClient, UpstreamResponse
 from tokenplane.gateway.upstreams import Upstream
@@ -193,6 +193,13 @@ def scan_events(buf: bytes, end: int) -> tuple[int, bool, int, tuple[int, int] |
     Returns (bytes to forward, saw [DONE], JSON events, span of the last JSON payload, malformed).
     Forwarding stops after ``[DONE]`` or before the first malformed event.
     """
+    if (
+        end == len(buf) > 9
+        and buf[end - 3] == 0x7D
+        and buf.find(b"\n\n") == end - 2
+        and buf.startswith(b"data: {")
+    ):
+        return end, False, 1, (6, end - 2), False  # the usual batch: one whole token event
     pos = 0
     n = 0
     last: tuple[int, int] | None = None
@@ -282,57 +289,6 @@ class SseReader:
             return buf, end
 
 
-async def relay_stream(
-    request: web.Request,
-    resp: aiohttp.ClientResponse | UpstreamResponse,
-    ex: Exchange,
-    upstream: Upstream,
-) -> tuple[web.StreamResponse, GatewayError | None]:
-    """Relay an SSE answer; returns the client response and the upstream failure that ended it, if any.
-
-    The caller closes ``resp`` (releasing it when the stream ended with ``[DONE]``).
-    """
-    out = web.StreamResponse(headers=SSE_HEADERS)
-    await out.prepare(request)
-    last_payload = b""
-    failure: GatewayError | None = None
-    done = False
-    reader = SseReader(resp, upstream)
-    try:
-        while not done:
-            got = await reader.next_batch()
-            if isinstance(got, GatewayError):
-                failure = got
-                break
-            buf, end = got
-            fwd, done, n, span, malformed = scan_events(buf, end)
-            if span is not None:
-                last_payload = buf[span[0] : span[1]]
-            if fwd:
-                await out.write(buf[:fwd] if fwd < len(buf) else buf)
-                if n and ex.ttft_s is None:
-                    ex.ttft_s = time.monotonic() - ex.arrival
-                ex.events_sent += n
-            if malformed:
-                failure = UpstreamProtocolError(f"instance {upstream.id} sent a malformed event")
-                break
-        if failure is not None:
-            await out.write(error_event(failure))
-        await out.write_eof()
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        ex.outcome = OUTCOME_CLIENT_GONE
-        return out, None
-    ex.completion_tokens = ex.events_sent
-    if last_payload:
-        try:
-            usage = _decode_usage(last_payload).usage
-        except msgspec.DecodeError:
-            usage = None
-        if usage is not None:
-            ex.completion_tokens = usage.completion_tokens
-    return out, failure
-
-
 __all__ = [
     "OUTCOME_CLIENT_GONE",
     "OUTCOME_OK",
@@ -343,6 +299,5 @@ __all__ = [
     "open_upstream",
     "rejection",
     "relay_json",
-    "relay_stream",
     "scan_events",
 ]

@@ -65,11 +65,17 @@ class Tenant:
         return self.allowed_models is None or model_name in self.allowed_models
 
 
+MAX_RECENT_KEYS = 4096
+
+
 class Authenticator:
     def __init__(self, tenants: Sequence[TenantConfig]) -> None:
         self.enabled = bool(tenants)
         self.tenants: list[Tenant] = []
         self._by_digest: dict[str, Tenant] = {}
+        # Header values that authenticated, so a client's every request does not hash its key
+        # again (only valid keys get in; bounded; memory the process held the keys in anyway).
+        self._recent: dict[str, Tenant] = {}
         for t in tenants:
             tenant = Tenant(
                 t.name,
@@ -94,10 +100,16 @@ class Authenticator:
             raise AuthenticationFailed(
                 "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
             )
+        tenant = self._recent.get(authorization)
+        if tenant is not None:
+            return tenant
         scheme, _, key = authorization.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise AuthenticationFailed("the Authorization header must be 'Bearer <key>'")
         tenant = self._by_digest.get(hashlib.sha256(key.strip().encode("utf-8", "replace")).hexdigest())
         if tenant is None:
             raise AuthenticationFailed("invalid API key")
+        if len(self._recent) >= MAX_RECENT_KEYS:
+            self._recent.clear()
+        self._recent[authorization] = tenant
         return tenant

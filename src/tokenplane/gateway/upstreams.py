@@ -102,22 +102,36 @@ def _cache_tokens(labels: Mapping[str, str]) -> int:
         return 0
 
 
+class Generation:
+    """A counter bumped whenever an instance becomes usable or unusable (health, draining,
+    membership): what depends only on that, like a pool's capacity, is cached against it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def bump(self) -> None:
+        self.value += 1
+
+
 class Upstream:
     """One instance: config, the gateway's accounting, the last scrape and health."""
 
     __slots__ = (
+        "_draining",
         "_failures_to_down",
+        "_generation",
+        "_healthy",
         "_view",
         "chat_url",
         "completions_url",
         "config",
         "consecutive_failures",
         "direct",
-        "draining",
         "headers",
         "heads",
         "health_url",
-        "healthy",
         "heard_at",
         "id",
         "in_flight",
@@ -130,7 +144,10 @@ class Upstream:
         "scraped_at",
     )
 
-    def __init__(self, config: InstanceConfig, health: HealthConfig) -> None:
+    def __init__(
+        self, config: InstanceConfig, health: HealthConfig, generation: Generation | None = None
+    ) -> None:
+        self._generation = generation if generation is not None else Generation()
         self.config = config
         self.id = config.id
         self.model = config.model
@@ -161,16 +178,33 @@ class Upstream:
         self.in_flight_tokens = 0
         self.metrics = RuntimeMetrics()
         self.scraped_at: float | None = None
-        self.healthy = True  # optimistic until the first probe; a failed request counts too
+        self._healthy = True  # optimistic until the first probe; a failed request counts too
         self.consecutive_failures = 0
         self.last_error: str | None = None
         self.heard_at = -math.inf  # monotonic time of the last bytes it sent on the request path
-        self.draining = False  # set by the autoscaler: finish in-flight work, take no more
+        self._draining = False  # set by the autoscaler: finish in-flight work, take no more
         self._view: InstanceView | None = None
 
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @healthy.setter
+    def healthy(self, healthy: bool) -> None:
+        if healthy != self._healthy:
+            self._healthy = healthy
+            self._view = None
+            self._generation.bump()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
     def set_draining(self, draining: bool) -> None:
-        self.draining = draining
-        self._view = None
+        if draining != self._draining:
+            self._draining = draining
+            self._view = None
+            self._generation.bump()
 
     # -- the request path --------------------------------------------------------------------
     def begin(self, tokens: int) -> None:
@@ -191,9 +225,8 @@ class Upstream:
         """Count a failure; True when this one took the instance out."""
         self.consecutive_failures += 1
         self.last_error = reason
-        if self.healthy and self.consecutive_failures >= self._failures_to_down:
+        if self._healthy and self.consecutive_failures >= self._failures_to_down:
             self.healthy = False
-            self._view = None
             log.warning("instance %s marked down: %s", self.id, reason)
             return True
         return False
@@ -207,9 +240,8 @@ class Upstream:
 
     def record_probe_success(self) -> None:
         self.consecutive_failures = 0
-        if not self.healthy:
+        if not self._healthy:
             self.healthy = True
-            self._view = None
             log.info("instance %s back up", self.id)
 
     def apply_metrics(self, metrics: RuntimeMetrics, now: float) -> None:
@@ -228,8 +260,8 @@ class Upstream:
                 instance_id=self.id,
                 model=self.model,
                 gpu=c.gpu,
-                ready=not self.draining,
-                healthy=self.healthy,
+                ready=not self._draining,
+                healthy=self._healthy,
                 outstanding_requests=self.in_flight,
                 outstanding_tokens=self.in_flight_tokens,
                 running=int(m.running),
@@ -271,7 +303,9 @@ class UpstreamPool:
         self._scrape = scrape
         self._health = health
         self._on_down = on_down
-        self._by_id = {c.id: Upstream(c, health) for c in instances}
+        self.generation = Generation()
+        """Bumped when any instance becomes usable or unusable, or joins or leaves the pool."""
+        self._by_id = {c.id: Upstream(c, health, self.generation) for c in instances}
         self._by_model: dict[str, list[Upstream]] = {}
         for u in self._by_id.values():
             self._by_model.setdefault(u.model, []).append(u)
@@ -297,9 +331,10 @@ class UpstreamPool:
         """Start routing to a new instance (an autoscaler activated it)."""
         if config.id in self._by_id:
             raise ValueError(f"instance {config.id!r} is already in the pool")
-        u = Upstream(config, self._health)
+        u = Upstream(config, self._health, self.generation)
         self._by_id[u.id] = u
         self._by_model.setdefault(u.model, []).append(u)
+        self.generation.bump()
         return u
 
     def drain(self, instance_id: str) -> None:
@@ -312,6 +347,7 @@ class UpstreamPool:
         u = self._by_id.pop(instance_id, None)
         if u is not None:
             self._by_model[u.model] = [x for x in self._by_model.get(u.model, []) if x is not u]
+            self.generation.bump()
         return u
 
     def record_failure(self, upstream: Upstream, reason: str) -> None:
