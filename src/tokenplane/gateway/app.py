@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -800,12 +801,6 @@ class Gateway:
             if isinstance(body, bytes):
                 self.response_caches[key[1]].put(key, body)
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.completions(request, "chat")
-
-    async def text_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.completions(request, "completions")
-
     async def models(self, request: web.Request) -> web.Response:
         try:
             tenant = self.authenticate(request)
@@ -887,8 +882,9 @@ def create_app(config: GatewayConfig, *, rng: random.Random | None = None) -> we
     if gw.fallbacks is not None:
         app.on_response_prepare.append(_served_by)
     routes: list[tuple[str, str, Callable[[web.Request], Awaitable[Any]]]] = [
-        ("POST", "/v1/chat/completions", gw.chat_completions),
-        ("POST", "/v1/completions", gw.text_completions),
+        # partials, not wrapper coroutines: one frame fewer for a stream's every chunk to resume
+        ("POST", "/v1/chat/completions", functools.partial(gw.completions, endpoint="chat")),
+        ("POST", "/v1/completions", functools.partial(gw.completions, endpoint="completions")),
         ("GET", "/v1/models", gw.models),
         ("GET", "/v1/instances", gw.instances),
         ("GET", "/health", gw.health),

@@ -29,6 +29,7 @@ Continuation is not attempted (the stream ends with the error) for ``n > 1``, co
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import time
 from typing import Any
@@ -208,7 +209,24 @@ class StreamSplicer:
     async def relay(
         self, resp: aiohttp.ClientResponse | UpstreamResponse, ex: Exchange, upstream: Upstream
     ) -> AttemptEnd:
-        """Relay one attempt's SSE body onto the client's stream (pass-through unless digested)."""
+        """Relay one attempt's SSE body onto the client's stream (pass-through unless digested).
+
+        The relay loop runs as a task of its own. Awaited in place, each of a stream's chunks
+        would resume the whole chain of coroutines above it (handler, retry loop, attempt...), ten
+        frames deep; in its own task a chunk resumes three. Cancelling the caller (the client left)
+        cancels the relay and waits for it, so the caller's clean-up runs after the relay's.
+        """
+        task = asyncio.get_running_loop().create_task(self._relay(resp, ex, upstream))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.wait([task])
+            raise
+
+    async def _relay(
+        self, resp: aiohttp.ClientResponse | UpstreamResponse, ex: Exchange, upstream: Upstream
+    ) -> AttemptEnd:
         self.attempts += 1
         splice = self.digested
         started = time.monotonic()

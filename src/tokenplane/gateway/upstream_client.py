@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Mapping
-from typing import cast
+from collections.abc import Coroutine, Mapping
+from typing import Any, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -146,7 +146,10 @@ class _Connection(asyncio.Protocol):
         if w is not None and not w.done():
             w.set_result(None)
 
-    async def _wait(self, timeout_s: float | None) -> None:
+    def _wait(self, timeout_s: float | None) -> asyncio.Future[None]:
+        """The future the next event (headers, body, end, error, timeout) completes; awaited by the
+        caller directly, so a stream's every chunk resumes one frame fewer. A done or cancelled
+        waiter left behind is harmless: :meth:`_wake` and the timer skip it."""
         loop = self._loop
         w = self._waiter = loop.create_future()
         if timeout_s is not None:
@@ -158,10 +161,7 @@ class _Connection(asyncio.Protocol):
                 self._timer_at = deadline
         else:
             self._deadline = 0.0
-        try:
-            await w
-        finally:
-            self._waiter = None
+        return w
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -223,8 +223,9 @@ class _Content:
         self._conn = conn
         self.read_timeout_s = read_timeout_s
 
-    async def readany(self) -> bytes:
-        return await self._conn.readany(self.read_timeout_s)
+    def readany(self) -> Coroutine[Any, Any, bytes]:
+        # the connection's coroutine itself, not one wrapping it: one frame fewer per chunk
+        return self._conn.readany(self.read_timeout_s)
 
     async def read(self, n: int = -1) -> bytes:
         out = bytearray()
