@@ -1,0 +1,86 @@
+"""How a relayed stream is written to the client: chunk framing done by the gateway on HTTP/1.1,
+aiohttp's own writer on HTTP/1.0, and back-pressure when the client stops reading."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from tokenplane.gateway.app import GATEWAY_KEY
+
+pytestmark = pytest.mark.anyio
+
+
+def _body(model: str) -> bytes:
+    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    return msgspec.json.encode(chat)
+
+
+async def _raw_stream(port: int, key: str, model: str, version: str, read: bool) -> tuple[bytes, bytes]:
+    body = msgspec.json.encode(
+        {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    )
+    head = (
+        f"POST /v1/chat/completions HTTP/{version}\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head + body)
+    await writer.drain()
+    data = await reader.read() if read else b""
+    writer.close()
+    head_part, _, rest = data.partition(b"\r\n\r\n")
+    return head_part, rest
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+async def test_streams_are_framed_for_the_clients_http_version(upstreams, gateway, names, version) -> None:
+    ups = await upstreams(1)
+    ups[0].tokens = 30
+    gw = await gateway(ups)
+    head, body = await _raw_stream(gw.server.port, names.KEY, names.MODEL, version, read=True)
+    assert head.startswith(f"HTTP/{version} 200".encode()), head
+    if version == "1.1":
+        assert b"Transfer-Encoding: chunked" in head
+        events, pos = [], 0
+        while True:  # de-chunk by hand: every frame must be well formed
+            line_end = body.index(b"\r\n", pos)
+            size = int(body[pos:line_end], 16)
+            if size == 0:
+                break
+            events.append(body[line_end + 2 : line_end + 2 + size])
+            assert body[line_end + 2 + size : line_end + 4 + size] == b"\r\n"
+            pos = line_end + 4 + size
+        text = b"".join(events)
+    else:
+        assert b"Transfer-Encoding" not in head  # HTTP/1.0: the body runs to the close
+        text = body
+    assert text.count(b"data: {") == 30 and text.endswith(b"data: [DONE]\n\n")
+
+
+async def test_a_client_that_stops_reading_holds_the_relay_not_the_gateways_memory(
+    upstreams, gateway, names
+) -> None:
+    """The client reads nothing: the relay stops at the client transport's high-water mark and the
+    upstream is paused in turn, instead of buffering the whole answer in the gateway."""
+    ups = await upstreams(1)
+    ups[0].tokens = 150_000  # ~20 MB of events: over the kernel's socket buffers on the way
+    gw = await gateway(ups)
+    body = msgspec.json.encode(
+        {"model": names.MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.server.port, limit=1 << 10)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (names.KEY.encode(), len(body), body)
+    )
+    await writer.drain()
+    await reader.readexactly(64)  # the stream started
+    transport = writer.transport
+    transport.pause_reading()  # and now the client reads nothing more
+    await asyncio.sleep(2.0)
+    up = gw.server.app[GATEWAY_KEY].pool.get("up-0")
+    assert up is not None and up.in_flight == 1  # still relaying, not finished into a buffer
+    writer.close()
