@@ -16,6 +16,7 @@ passed in.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -48,7 +49,9 @@ class _Task:
 
 @dataclass
 class _Pool:
-    tasks: dict[str, _Task] = field(default_factory=dict)
+    # Least recently seen first. An OrderedDict: pruning from the front of a plain dict leaves
+    # dummies that every later look at its first entry walks past (per request, until a resize).
+    tasks: OrderedDict[str, _Task] = field(default_factory=OrderedDict)
     total: int = 0
     growth: float = 0.0
     growth_samples: int = 0
@@ -76,10 +79,10 @@ class InMemoryWorkingSet:
             return 0
         tasks = pool.tasks  # least recently seen first (observe re-inserts): stop at the first fresh one
         while tasks:
-            wid, task = next(iter(tasks.items()))
+            task = next(iter(tasks.values()))  # O(1) on an OrderedDict
             if now - task.seen_s <= self.idle_ttl_s:
                 break
-            pool.total -= tasks.pop(wid).peak
+            pool.total -= tasks.popitem(last=False)[1].peak
         return pool.total
 
     def growth(self, model: str) -> float:
