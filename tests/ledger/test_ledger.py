@@ -280,3 +280,49 @@ def test_sweep_write_loses_to_an_attempt_that_landed_after_its_read(store: Ledge
     [w] = store.write_batch([stale])
     assert w.outcome is TaskOutcome.OPEN
     assert w.attempts == 2
+
+
+def test_writes_without_waiting_report_through_their_callback_in_order() -> None:
+    """``record_attempt_nowait``: validated at once, committed with the next batch, and its
+    callback called once per write with the summary, or with the batch's error."""
+
+    class FailingOnce(MemoryLedger):
+        failed = False
+
+        def write_batch(self, writes: Any) -> Any:
+            if not FailingOnce.failed:
+                FailingOnce.failed = True
+                raise sqlite3.OperationalError("disk I/O error")
+            return super().write_batch(writes)
+
+    async def main() -> None:
+        ledger = AsyncLedger(FailingOnce(), max_batch=8)
+        seen: list[tuple[str, str | None, str | None]] = []
+
+        def on_written(w: Any, summary: Any, exc: BaseException | None) -> None:
+            seen.append(
+                (
+                    w.request_id,
+                    None if summary is None else summary.outcome.value,
+                    type(exc).__name__ if exc else None,
+                )
+            )
+            if w.request_id == "r1":
+                raise RuntimeError("a broken callback must not stop the rest of its batch")
+
+        fields = dict(workflow_id=None, tenant="acme", instance_id="i0", tokens_in=1, tokens_out=1,
+                      cost_usd=0.1, ok=True, reason="ok", t=1.0, model="m")  # fmt: skip
+        for i in range(3):
+            ledger.record_attempt_nowait(on_written, request_id=f"f{i}", **fields)
+        await ledger.flush()
+        for i in range(3):
+            ledger.record_attempt_nowait(on_written, request_id=f"r{i}", **fields)
+        with pytest.raises(InvalidLedgerRecord):
+            ledger.record_attempt_nowait(on_written, request_id="bad", **{**fields, "tokens_in": -1})
+        await ledger.flush()
+        assert seen == [(f"f{i}", None, "OperationalError") for i in range(3)] + [
+            (f"r{i}", "succeeded", None) for i in range(3)
+        ]
+        await ledger.aclose()
+
+    asyncio.run(main())

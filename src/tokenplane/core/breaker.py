@@ -36,8 +36,8 @@ returns the transitions it caused as :class:`BreakerEvent`s (for metrics and log
 :func:`filter_allowed` / :class:`BreakerFilter` prune routing candidates to allowed instances.
 
 Cost: ``on_result`` is O(1) amortised, plus O(instances log instances) for the pool median when the
-instance has enough latency samples; ``allow`` O(1). Memory: one deque of results per instance over
-``window_s``.
+instance has enough latency samples; ``allow`` O(1). Memory: 16 bytes per result per instance over
+``window_s`` (:class:`~tokenplane.core.timed_series.TimedSeries`).
 
 Failure modes: a probe whose result is never reported holds its slot forever; the shell must report
 timeouts and lost connections as failures (``ok=False``). The latency test needs a pool: with fewer
@@ -48,7 +48,6 @@ attempts sent before it opened) are ignored.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any
@@ -57,6 +56,7 @@ import msgspec
 
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.routing._params import ParamReader
+from tokenplane.core.timed_series import TimedSeries
 from tokenplane.core.views import InstanceId, InstanceView, RequestInfo
 
 
@@ -150,6 +150,9 @@ class BreakerConfig(msgspec.Struct, frozen=True):
         ).validate()
 
 
+_FAILED = -1.0  # a failed result's latency in the window (real latencies are >= 0 or NaN)
+
+
 class _Breaker:
     __slots__ = (
         "consecutive",
@@ -169,7 +172,9 @@ class _Breaker:
     def __init__(self) -> None:
         self.state = BreakerState.CLOSED
         self.consecutive = 0
-        self.samples: deque[tuple[float, bool, float]] = deque()
+        # (time, latency) per result; a failure's latency is -1 (two arrays of doubles, not a
+        # deque of tuples: see core.timed_series)
+        self.samples = TimedSeries()
         self.failures = 0
         self.lat_sum = 0.0
         self.lat_n = 0
@@ -189,9 +194,8 @@ class _Breaker:
 
     def prune(self, horizon: float) -> None:
         samples = self.samples
-        while samples and samples[0][0] <= horizon:
-            _, ok, latency = samples.popleft()
-            if not ok:
+        for latency in samples.expire(horizon):
+            if latency < 0:
                 self.failures -= 1
             elif not math.isnan(latency):
                 self.lat_sum -= latency
@@ -306,7 +310,7 @@ class BreakerBoard:
     def _record(self, b: _Breaker, ok: bool, latency_s: float | None, now: float) -> None:
         b.prune(now - self.config.window_s)
         lat = math.nan if latency_s is None or not ok or not math.isfinite(latency_s) else latency_s
-        b.samples.append((now, ok, lat))
+        b.samples.append(now, lat if ok else _FAILED)
         if ok:
             b.consecutive = 0
             if not math.isnan(lat):

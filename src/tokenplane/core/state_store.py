@@ -18,24 +18,24 @@ a budget may be overspent by what the other replicas spend in that period, never
 
 In-process implementations:
 
-* :class:`SlidingWindowCounterStore` is exact: it keeps every ``(time, delta)`` in a deque per key
+* :class:`SlidingWindowCounterStore` is exact: it keeps every ``(time, delta)`` per key
   and drops entries older than ``window_s`` on each call (amortised O(1) per add, memory O(adds in
   one window) per key). An entry added at ``t`` counts for ``t <= now < t + window_s``.
   Time must not go backwards per key; an earlier ``now`` is read as the latest time seen for that
   key (so replaying out-of-order events cannot resurrect expired entries).
 * :class:`LocalGaugeStore` is a dict.
 
-Failure modes: a key that is never read again keeps its deque until the next ``add``/``get`` on it
+Failure modes: a key that is never read again keeps its entries until the next ``add``/``get`` on it
 (call :meth:`SlidingWindowCounterStore.prune` from ``tick`` to bound memory for many short-lived keys).
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import Protocol
 
 from tokenplane.core.errors import InvalidPolicyConfig
+from tokenplane.core.timed_series import TimedSeries
 
 
 class CounterStore(Protocol):
@@ -62,15 +62,13 @@ class GaugeStore(Protocol):
 
 
 class _Series:
-    """Entries as two parallel deques of floats, not one of ``(t, delta)`` tuples: at a few
-    thousand requests a second a window holds tens of thousands of entries, and every new tuple is
-    tracked by the cyclic collector (and counts toward its next collection) where a float is not."""
+    """A key's entries in a :class:`~tokenplane.core.timed_series.TimedSeries` (two arrays of
+    doubles, not a deque of tuples the cyclic collector tracks and walks), and their running sum."""
 
-    __slots__ = ("deltas", "latest", "times", "total")
+    __slots__ = ("entries", "latest", "total")
 
     def __init__(self) -> None:
-        self.times: deque[float] = deque()
-        self.deltas: deque[float] = deque()
+        self.entries = TimedSeries()
         self.total = 0.0
         self.latest = -math.inf
 
@@ -93,12 +91,10 @@ class SlidingWindowCounterStore:
     def _advance(self, series: _Series, now: float) -> None:
         if now > series.latest:
             series.latest = now
-        horizon = series.latest - self._window_s
-        times = series.times
-        while times and times[0] <= horizon:
-            times.popleft()
-            series.total -= series.deltas.popleft()
-        if not times:
+        entries = series.entries
+        for delta in entries.expire(series.latest - self._window_s):
+            series.total -= delta
+        if not entries:
             series.total = 0.0  # no drift from float subtraction once the window is empty
 
     def add(self, key: str, delta: float, *, now: float) -> float:
@@ -106,8 +102,7 @@ class SlidingWindowCounterStore:
         if series is None:
             series = self._series[key] = _Series()
         self._advance(series, now)
-        series.times.append(series.latest)
-        series.deltas.append(delta)
+        series.entries.append(series.latest, delta)
         series.total += delta
         return series.total
 
@@ -123,7 +118,7 @@ class SlidingWindowCounterStore:
         dead = []
         for key, series in self._series.items():
             self._advance(series, now)
-            if not series.times:
+            if not series.entries:
                 dead.append(key)
         for key in dead:
             del self._series[key]
