@@ -14,10 +14,12 @@ expiry stops at the first pair newer than the horizon, so one out of order waits
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 
 __all__ = ["TimedSeries"]
 
 _COMPACT_MIN = 1024
+_NONE: tuple[float, ...] = ()  # what most calls expire: no allocation for it
 
 
 class TimedSeries:
@@ -35,7 +37,7 @@ class TimedSeries:
         self._times.append(t)
         self._values.append(value)
 
-    def expire(self, horizon: float) -> array[float]:
+    def expire(self, horizon: float) -> Sequence[float]:
         """Remove the pairs from the front with time <= ``horizon``; return their values in order."""
         times = self._times
         head = start = self._head
@@ -43,7 +45,7 @@ class TimedSeries:
         while head < n and times[head] <= horizon:
             head += 1
         if head == start:
-            return array("d")
+            return _NONE
         out = self._values[start:head]
         if head == n:
             self.clear()
