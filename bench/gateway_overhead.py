@@ -37,6 +37,8 @@ Usage::
     python bench/gateway_overhead.py --json     # one JSON object keyed by scenario, plus "summary"
     git worktree add /tmp/base HEAD~5 && python bench/gateway_overhead.py --baseline-src /tmp/base
         # also that commit's gateway, measured just before and just after this one (A/B ratio)
+    python bench/gateway_overhead.py --scenarios ns-c32 --baseline-src /tmp/base --ab-rounds 8 --window 3
+        # and 8 interleaved rounds of the two: the median of the per-round ratios
     python bench/gateway_overhead.py --scenarios ns-c32,decode-c256 --server-split
         # also aiohttp's server over tokenplane's client: where the gateway's CPU goes
 """
@@ -49,6 +51,7 @@ import itertools
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -368,10 +371,12 @@ class Fleet:
         tmp: Path,
         baseline_src: Path | None = None,
         server_split: bool = False,
+        ab_rounds: int = 1,
     ) -> None:
         import yaml
 
         lg_cpu, proxy_cpu = cpus
+        self.ab_rounds = ab_rounds
         py = sys.executable
         self.up_ports = _free_ports(N_UPSTREAMS)
         self.bare_port, self.floor_port, self.gw_port = _free_ports(3)
@@ -449,7 +454,11 @@ class Fleet:
         if self.baseline is None:
             return [*out, gateway]
         baseline = {"name": "baseline", "ports": [self.bl_port], "pid": self.baseline.pid, "auth": True}
-        return [*out, baseline, gateway, dict(baseline, name="baseline2")]  # around the gateway
+        rounds = []
+        for i in range(self.ab_rounds if self.ab_rounds > 1 else 0):  # interleaved, order alternating
+            pair = [dict(baseline, name=f"ab-baseline-{i}"), dict(gateway, name=f"ab-gateway-{i}")]
+            rounds += pair if i % 2 == 0 else pair[::-1]
+        return [*out, baseline, gateway, dict(baseline, name="baseline2"), *rounds]  # around the gateway
 
     def close(self) -> None:
         for p in self.procs:
@@ -512,6 +521,16 @@ def _summarise(name: str, r: dict[str, Any]) -> dict[str, Any]:
         bl = (r["baseline"]["cpu_ms_per_req"] + r["baseline2"]["cpu_ms_per_req"]) / 2
         out["baseline_cpu_ms_per_req"] = bl
         out["cpu_ratio_gateway_over_baseline"] = g["cpu_ms_per_req"] / bl
+    if "ab-gateway-0" in r:  # --ab-rounds: one ratio per round, each from a side-by-side pair
+        n = sum(1 for k in r if k.startswith("ab-gateway-"))
+        gw = [r[f"ab-gateway-{i}"]["cpu_ms_per_req"] for i in range(n)]
+        bl_ = [r[f"ab-baseline-{i}"]["cpu_ms_per_req"] for i in range(n)]
+        ratios = [x / y for x, y in zip(gw, bl_, strict=True)]
+        out["ab_rounds"] = n
+        out["ab_gateway_cpu_ms_per_req_median"] = statistics.median(gw)
+        out["ab_baseline_cpu_ms_per_req_median"] = statistics.median(bl_)
+        out["cpu_ratio_gateway_over_baseline_median"] = statistics.median(ratios)
+        out["cpu_ratio_gateway_over_baseline_min_max"] = (min(ratios), max(ratios))
     for who, x in (("", g), ("bare_", b), ("floor_", f)):
         for m in ("ttft", "total"):
             for q in ("p50", "p99"):
@@ -578,6 +597,15 @@ def _table(res: dict[str, dict[str, Any]], settings: dict[str, Any]) -> str:
         lines.append(f"{'':<12} gateway/bare CPU ratio {s['cpu_ratio_gateway_over_bare']:.2f}")
         if "cpu_ratio_gateway_over_baseline" in s:
             lines.append(f"{'':<12} gateway/baseline CPU ratio {s['cpu_ratio_gateway_over_baseline']:.3f}")
+        if "ab_rounds" in s:
+            lo, hi = s["cpu_ratio_gateway_over_baseline_min_max"]
+            bl_med, gw_med = s["ab_baseline_cpu_ms_per_req_median"], s["ab_gateway_cpu_ms_per_req_median"]
+            lines.append(
+                f"{'':<12} {s['ab_rounds']} interleaved rounds: CPU ms/req median baseline "
+                f"{bl_med:.3f}, gateway {gw_med:.3f}; "
+                f"gateway/baseline per round median {s['cpu_ratio_gateway_over_baseline_median']:.3f} "
+                f"(min {lo:.3f}, max {hi:.3f})"
+            )
     flat = _flat(res)
     lines.append("")
     lines.extend(f"{k} = {v:.3f}" for k, v in flat.items())
@@ -605,6 +633,13 @@ def main() -> None:
         action="store_true",
         help="also measure aiohttp's server over tokenplane's upstream client (target aio-server): "
         "aio-server minus floor is the server framework, gateway minus aio-server the gateway's own work",
+    )
+    p.add_argument(
+        "--ab-rounds",
+        type=int,
+        default=1,
+        help="with --baseline-src: also N interleaved baseline/gateway rounds (order alternating), "
+        "and the median of the per-round CPU ratios (robust to a noisy machine's drift)",
     )
     p.add_argument("--_loadgen", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -636,7 +671,9 @@ def main() -> None:
                 kind = _scenario(name)[0]
                 delay = a.decode_ms if kind == "decode" else 0.0
                 if delay not in fleets:
-                    fleets[delay] = Fleet(a.chunks, delay, cpus, Path(tmp), a.baseline_src, a.server_split)
+                    fleets[delay] = Fleet(
+                        a.chunks, delay, cpus, Path(tmp), a.baseline_src, a.server_split, a.ab_rounds
+                    )
                 raw = _run_scenario(
                     fleets[delay], name, warmup, window, a.prompt_chars, cpus[0], a.chunks, a.decode_ms
                 )
