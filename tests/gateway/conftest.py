@@ -77,6 +77,7 @@ class FakeUpstream:
     metrics_delay_s: float = 0.0  # ... and /metrics
     metrics: FakeMetrics = field(default_factory=FakeMetrics)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    raw_requests: list[bytes] = field(default_factory=list)  # the bodies as they came
     disconnects: int = 0
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     server: TestServer | None = None
@@ -147,7 +148,9 @@ class FakeUpstream:
         return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
 
     async def _answer(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        body = await request.json()
+        raw = await request.read()
+        self.raw_requests.append(raw)
+        body = msgspec.json.decode(raw)
         self.requests.append(body)
         model = body.get("model")
         if self.mode == "fail":

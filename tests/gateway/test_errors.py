@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterator
 
 import aiohttp
+import msgspec
 import openai
 import pytest
 
@@ -290,3 +291,18 @@ async def test_chunked_body_is_held_to_the_limit(upstreams, gateway, names, size
             assert ups[0].requests == []
         else:
             assert resp.status == 200, got
+
+
+async def test_the_instance_reads_what_the_gateway_validated(upstreams, gateway, names) -> None:
+    """A key given twice means, to msgspec, its last value; the instance gets the body re-encoded
+    from what was validated, never the client's bytes, so no other parser can read the other one."""
+    ups = await upstreams(1)
+    gw = await gateway(ups)
+    raw = (
+        b'{"model": "%s", "max_tokens": 100000, "messages": [{"role": "user", "content": "hi"}], '
+        b'"max_tokens": 5}' % names.MODEL.encode()
+    )
+    status, body, _ = await gw.post(CHAT, raw=raw)
+    assert status == 200, body
+    sent = ups[0].raw_requests[-1]
+    assert sent.count(b'"max_tokens"') == 1 and msgspec.json.decode(sent)["max_tokens"] == 5

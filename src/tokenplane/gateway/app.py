@@ -551,10 +551,11 @@ class Gateway:
         info = ex.info
         assert info is not None
         body = parsed.body
-        raw = parsed.raw
-        if raw is None or body["model"] != model.served_name:
-            body["model"] = model.served_name
-            raw = parsed.raw = _encode(body)
+        body["model"] = model.served_name
+        # Re-encoded, never the client's bytes as they came: what the instance reads is then what
+        # was validated here (a body with a key twice means one thing to msgspec, last wins, and
+        # maybe another to a runtime's parser; max_tokens checked here could be bypassed).
+        raw = _encode(body)
         res = self.resilience
         splicer = (
             StreamSplicer(request, parsed.endpoint == "chat", res.retry.stream_idle_timeout_s)
@@ -667,8 +668,6 @@ class Gateway:
                         return hit_response(stored, parsed.body, parsed.stream)
                     cache_key = None if parsed.stream else key
             hints = self.workflows.hints(request.headers, parsed.body, tenant, now)
-            if hints is not None:
-                parsed.raw = None  # its hint fields may have been taken out of the body
             if self.fallbacks is not None and (chain := self.fallbacks.get(model.name)) is not None:
                 moved = chain.choose(quality_of(request.headers, parsed.body), tenant.may_use)
                 if moved is not None:

@@ -169,7 +169,7 @@ class StreamSplicer:
         """One relayed chunk to the client. The first goes through aiohttp (which may send the
         headers with it); once the response is known to be chunked, later chunks are framed here
         and written to the transport: aiohttp's writer is two coroutines and a drain check per
-        chunk, ~15 % of a relayed stream's CPU in ``bench/gateway_overhead.py``'s decode scenario.
+        chunk, ~13 % of a relayed stream's CPU in ``bench/gateway_overhead.py``'s decode scenario.
         Back-pressure by the transport's own buffer: above the high-water mark, wait for the client."""
         t = self._chunked
         if t is None:

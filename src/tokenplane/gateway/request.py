@@ -46,9 +46,6 @@ class ParsedRequest(msgspec.Struct):
     max_tokens: int | None
     token_ids: list[int] | None = None
     """The prompt's token ids when the client sent them (a completions ``prompt`` of ids)."""
-    raw: bytes | None = None
-    """The body as received, while ``body`` still says the same (forwarded as is: no re-encoding);
-    whoever changes ``body`` sets it to ``None``."""
 
 
 def _is_int(v: Any) -> bool:
@@ -231,4 +228,4 @@ def parse_request(raw: bytes, endpoint: Endpoint, limits: LimitsConfig) -> Parse
             f"{limits.max_prompt_tokens}",
             param=prompt_param,
         )
-    return ParsedRequest(endpoint, body, model, stream, text, prompt_tokens, max_tokens, token_ids, raw)
+    return ParsedRequest(endpoint, body, model, stream, text, prompt_tokens, max_tokens, token_ids)
