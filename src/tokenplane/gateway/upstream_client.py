@@ -199,6 +199,10 @@ class _Connection(asyncio.Protocol):
             if self._error is not None:
                 raise self._error
             await self._wait(timeout_s)
+        return self.take_buffered()
+
+    def take_buffered(self) -> bytes:
+        """Every body byte buffered so far, and reading resumed if the buffer had paused it."""
         body = self._body
         data = body.popleft() if len(body) == 1 else b"".join(body)
         body.clear()
@@ -263,14 +267,7 @@ class UpstreamResponse:
     async def read(self) -> bytes:
         conn = self._conn
         if conn.complete and conn._error is None:  # the usual JSON answer: all here already
-            body = conn._body
-            data = body.popleft() if len(body) == 1 else b"".join(body)
-            body.clear()
-            conn._buffered = 0
-            if conn._paused and conn.transport is not None:  # the end came with a big last read
-                conn._paused = False
-                conn.transport.resume_reading()
-            return data
+            return conn.take_buffered()  # (resumes a connection the answer's last read paused)
         return await self.content.read()
 
     def release(self) -> None:
