@@ -60,17 +60,15 @@ class AsyncLedger:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn, *args)
 
-    def _enqueue(self, write: LedgerWrite, waiter: _Waiter | None = None) -> asyncio.Future[WorkflowSummary]:
-        fut: asyncio.Future[WorkflowSummary] | None = None
-        if waiter is None:
-            waiter = fut = asyncio.get_running_loop().create_future()
+    def _enqueue(self, write: LedgerWrite, waiter: _Waiter) -> None:
         self._pending.append((write, waiter))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
-        return fut  # type: ignore[return-value]  # None only for a callback waiter (nowait)
 
     async def _submit(self, write: LedgerWrite) -> WorkflowSummary:
-        return await self._enqueue(write)
+        fut: asyncio.Future[WorkflowSummary] = asyncio.get_running_loop().create_future()
+        self._enqueue(write, fut)
+        return await fut
 
     async def _flush(self) -> None:
         # Yield once so that writes submitted in the same loop iteration join this batch.
