@@ -4,8 +4,9 @@ Counter windows and breaker windows hold one pair per request for their window (
 thousand requests a second is ~100,000 pairs). As a deque of tuples each pair was a tuple the cyclic
 collector tracked when made, and the deque was a container every full collection walked item by
 item (one cache miss per item: ~20 ms per 100,000). Two ``array('d')`` hold the same in 16 bytes a
-pair and are not containers the collector knows of. Expiry moves a head index; the dead front is
-cut off once it is the larger part, so each pair is copied at most about once: O(1) amortised.
+pair, as raw doubles: a collection visits each array once, never its elements. Expiry moves a
+head index; the dead front is cut off once it is the larger part, so each pair is copied at most
+about once: O(1) amortised.
 
 Pairs are expected in time order (the shells pass a monotonic clock). Like the deques before them,
 expiry stops at the first pair newer than the horizon, so one out of order waits for those before it.

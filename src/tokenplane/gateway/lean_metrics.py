@@ -50,7 +50,9 @@ class _HistogramChild:
 
 
 class _Family(Collector):
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry):
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
+    ) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)

@@ -151,11 +151,12 @@ class PrefixIndex:
         lru = self._lru.get(instance_id)
         if lru is None:
             lru = self._lru[instance_id] = OrderedDict()
-            pos = self._free.pop() if self._free else len(self._ids)
-            if pos == len(self._ids):
-                self._ids.append(instance_id)
-            else:
+            if self._free:  # a forgotten instance's bit
+                pos = self._free.pop()
                 self._ids[pos] = instance_id
+            else:
+                pos = len(self._ids)
+                self._ids.append(instance_id)
             self._bit[instance_id] = 1 << pos
         bit = self._bit[instance_id]
         holders = self._holders
