@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 SUPPORT = REPO / "tests" / "support"
 sys.path.insert(0, str(SUPPORT))
 
+from patience import Patience  # noqa: E402
 from vllm_server import VllmEndpoint, VllmProcess, free_port, start_vllm  # noqa: E402
 
 SERVED_NAME = "tiny"
@@ -248,9 +249,9 @@ async def vllm_gateway(
     await server.start_server()
     gw = VllmGateway(server, aiohttp.ClientSession(), vllm_endpoints)
     try:
-        deadline = time.monotonic() + 10
+        patience = Patience(10)
         while not all(d["scraped_at"] for d in (await gw.instances()).values()):
-            assert time.monotonic() < deadline, "the gateway never scraped the instances"
+            assert not patience.spent(), "the gateway never scraped the instances"
             await asyncio.sleep(0.05)
         yield gw
     finally:
