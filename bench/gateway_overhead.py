@@ -9,7 +9,8 @@ Three kinds of separate processes, on the same fake upstreams, side by side in o
   the baseline), the floor (``_floor_proxy.py``: a raw asyncio protocol server over tokenplane's own
   upstream client, what the transport alone costs in Python here) and ``tokenplane serve`` with a
   generated config (prefix-affinity routing over the 4 instances, one tenant with a hashed key and
-  a concurrency limit, scraping and health checks on);
+  a concurrency limit, scraping and health checks on); with ``--routers``, also the Rust routers
+  (sglang-router, vllm-router) with their cache-aware policy;
 * a closed-loop load generator (this file with ``--_loadgen``) at a fixed concurrency, one
   keep-alive connection per worker. It is a raw asyncio protocol client rather than aiohttp: it
   shares a core with the upstream, and at 256 decode-like streams it reads ~25,000 chunks a second,
@@ -41,6 +42,11 @@ Usage::
         # and 8 interleaved rounds of the two: the median of the per-round ratios
     python bench/gateway_overhead.py --scenarios ns-c32,decode-c256 --server-split
         # also aiohttp's server over tokenplane's client: where the gateway's CPU goes
+    python -m venv /tmp/rvenv && /tmp/rvenv/bin/pip install sglang-router vllm-router
+    python bench/gateway_overhead.py --scenarios ns-c32,decode-c256 \
+        --routers /tmp/rvenv/bin/sglang-router,/tmp/rvenv/bin/vllm-router
+        # also the Rust routers in front of the same upstreams (cache-aware policy), just before
+        # the gateway: "within 2x of the Rust routers" measured on this machine, in this run
 """
 
 from __future__ import annotations
@@ -68,7 +74,6 @@ N_PREFIXES = 16
 
 FULL = ["ns-c1", "ns-c32", "ns-c256", "s-c1", "s-c32", "s-c256", "decode-c256"]
 QUICK = ["ns-c1", "ns-c32", "s-c1", "decode-c256"]
-TARGETS = ("direct", "bare", "floor", "gateway")
 
 
 def _scenario(name: str) -> tuple[str, int]:
@@ -330,6 +335,19 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0)
     raise RuntimeError(f"{url} did not come up in {timeout_s} s")
 
 
+ROUTERS = ("sglang-router", "vllm-router")
+
+
+def _router_argv(path: Path, port: int, metrics_port: int, urls: list[str], policy: str) -> list[str]:
+    """The command line of a Rust router (by its executable's name) in front of ``urls``, quiet,
+    with its Prometheus exporter on a port of its own (both default to 29000)."""
+    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", policy]
+    common += ["--prometheus-port", str(metrics_port)]
+    if path.name == "sglang-router":
+        return [str(path), "launch", *common, "--log-level", "warn"]
+    return [str(path), *common, "--log-level", "warning"]
+
+
 def _gateway_config(upstream_ports: list[int], port: int) -> dict[str, Any]:
     from tokenplane.gateway.config import hash_key
 
@@ -372,6 +390,8 @@ class Fleet:
         baseline_src: Path | None = None,
         server_split: bool = False,
         ab_rounds: int = 1,
+        routers: list[Path] | None = None,
+        router_policy: str = "cache_aware",
     ) -> None:
         import yaml
 
@@ -412,6 +432,14 @@ class Fleet:
             )  # fmt: skip
             self.procs.append(self.server)
             post_only.append((self.server_port, self.server))
+        self.routers: list[tuple[str, int, subprocess.Popen[bytes]]] = []
+        for path in routers or []:
+            port, metrics_port = _free_ports(2)
+            argv = _router_argv(path, port, metrics_port, urls.split(","), router_policy)
+            proc = _spawn(argv, proxy_cpu, **quiet)
+            self.routers.append((path.name, port, proc))
+            self.procs.append(proc)
+            post_only.append((port, proc))
         self.baseline: subprocess.Popen[bytes] | None = None
         if baseline_src is not None:  # the same gateway config, served by another source tree
             self.bl_port = _free_ports(1)[0]
@@ -450,15 +478,24 @@ class Fleet:
             out.append(
                 {"name": "aio-server", "ports": [self.server_port], "pid": self.server.pid, "auth": False}
             )
+        partners = []  # what the gateway is compared with in interleaved rounds
+        for name, port, proc in self.routers:  # just before the gateway: the least drift between them
+            router = {"name": name, "ports": [port], "pid": proc.pid, "auth": False}
+            out.append(router)
+            partners.append(router)
         gateway = {"name": "gateway", "ports": [self.gw_port], "pid": self.gateway.pid, "auth": True}
-        if self.baseline is None:
-            return [*out, gateway]
-        baseline = {"name": "baseline", "ports": [self.bl_port], "pid": self.baseline.pid, "auth": True}
+        around: list[dict[str, Any]] = []
+        if self.baseline is not None:
+            baseline = {"name": "baseline", "ports": [self.bl_port], "pid": self.baseline.pid, "auth": True}
+            out.append(baseline)
+            around.append(dict(baseline, name="baseline2"))
+            partners.insert(0, baseline)
         rounds = []
-        for i in range(self.ab_rounds if self.ab_rounds > 1 else 0):  # interleaved, order alternating
-            pair = [dict(baseline, name=f"ab-baseline-{i}"), dict(gateway, name=f"ab-gateway-{i}")]
-            rounds += pair if i % 2 == 0 else pair[::-1]
-        return [*out, baseline, gateway, dict(baseline, name="baseline2"), *rounds]  # around the gateway
+        for i in range(self.ab_rounds if self.ab_rounds > 1 and partners else 0):  # order alternating
+            group = [dict(t, name=f"ab-{t['name']}-{i}") for t in partners]
+            group.append(dict(gateway, name=f"ab-gateway-{i}"))
+            rounds += group if i % 2 == 0 else group[::-1]
+        return [*out, gateway, *around, *rounds]
 
     def close(self) -> None:
         for p in self.procs:
@@ -517,6 +554,11 @@ def _summarise(name: str, r: dict[str, Any]) -> dict[str, Any]:
         "cpu_ratio_gateway_over_bare": g["cpu_ms_per_req"] / b["cpu_ms_per_req"],
         "floor_cpu_ms_per_req": f["cpu_ms_per_req"],
     }
+    for router in ROUTERS:
+        if router in r:
+            key = router.replace("-", "_")
+            out[f"{key}_cpu_ms_per_req"] = r[router]["cpu_ms_per_req"]
+            out[f"cpu_ratio_gateway_over_{key}"] = g["cpu_ms_per_req"] / r[router]["cpu_ms_per_req"]
     if "baseline" in r:  # measured before and after the gateway: drift on both sides
         bl = (r["baseline"]["cpu_ms_per_req"] + r["baseline2"]["cpu_ms_per_req"]) / 2
         out["baseline_cpu_ms_per_req"] = bl
@@ -524,19 +566,36 @@ def _summarise(name: str, r: dict[str, Any]) -> dict[str, Any]:
     if "ab-gateway-0" in r:  # --ab-rounds: one ratio per round, each from a side-by-side pair
         n = sum(1 for k in r if k.startswith("ab-gateway-"))
         gw = [r[f"ab-gateway-{i}"]["cpu_ms_per_req"] for i in range(n)]
-        bl_ = [r[f"ab-baseline-{i}"]["cpu_ms_per_req"] for i in range(n)]
-        ratios = [x / y for x, y in zip(gw, bl_, strict=True)]
         out["ab_rounds"] = n
         out["ab_gateway_cpu_ms_per_req_median"] = statistics.median(gw)
-        out["ab_baseline_cpu_ms_per_req_median"] = statistics.median(bl_)
-        out["cpu_ratio_gateway_over_baseline_median"] = statistics.median(ratios)
-        out["cpu_ratio_gateway_over_baseline_min_max"] = (min(ratios), max(ratios))
-    for who, x in (("", g), ("bare_", b), ("floor_", f)):
+        for partner in ("baseline", *ROUTERS):
+            if f"ab-{partner}-0" not in r:
+                continue
+            key = partner.replace("-", "_")
+            other = [r[f"ab-{partner}-{i}"]["cpu_ms_per_req"] for i in range(n)]
+            ratios = [x / y for x, y in zip(gw, other, strict=True)]
+            out[f"ab_{key}_cpu_ms_per_req_median"] = statistics.median(other)
+            out[f"cpu_ratio_gateway_over_{key}_median"] = statistics.median(ratios)
+            out[f"cpu_ratio_gateway_over_{key}_min_max"] = (min(ratios), max(ratios))
+    proxies = [("", g), ("bare_", b), ("floor_", f)]
+    proxies += [(f"{t.replace('-', '_')}_", r[t]) for t in ROUTERS if t in r]
+    for who, x in proxies:
         for m in ("ttft", "total"):
             for q in ("p50", "p99"):
                 out[f"{who}added_{m}_{q}_ms"] = x[f"{m}_{q}_ms"] - d[f"{m}_{q}_ms"]
     out["raw"] = r
     return out
+
+
+def _partner_figures(f: dict[str, float], s: dict[str, Any], unit: str, suffix: str) -> None:
+    """The Rust routers' and the baseline's CPU, and the gateway's over theirs, under flat names."""
+    for key in ("baseline", *(t.replace("-", "_") for t in ROUTERS)):
+        ratio = f"cpu_ratio_gateway_over_{key}"
+        if f"{key}_cpu_ms_per_req" in s:
+            f[f"{key}_cpu_ms_per_{unit}_{suffix}"] = s[f"{key}_cpu_ms_per_req"]
+            f[f"{ratio}_{suffix}"] = s[ratio]
+        if f"{ratio}_median" in s:
+            f[f"{ratio}_{suffix}_rounds_median"] = s[f"{ratio}_median"]
 
 
 def _flat(res: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -548,16 +607,14 @@ def _flat(res: dict[str, dict[str, Any]]) -> dict[str, float]:
         f["bare_cpu_ms_per_req_c32"] = s["bare_cpu_ms_per_req"]
         f["cpu_ratio_gateway_over_bare_c32"] = s["cpu_ratio_gateway_over_bare"]
         f["floor_cpu_ms_per_req_c32"] = s["floor_cpu_ms_per_req"]
-        if "cpu_ratio_gateway_over_baseline" in s:
-            f["cpu_ratio_gateway_over_baseline_c32"] = s["cpu_ratio_gateway_over_baseline"]
+        _partner_figures(f, s, "req", "c32")
     if "decode-c256" in res:
         s = res["decode-c256"]
         f["gateway_cpu_ms_per_stream_c256"] = s["gateway_cpu_ms_per_req"]
         f["bare_cpu_ms_per_stream_c256"] = s["bare_cpu_ms_per_req"]
         f["cpu_ratio_gateway_over_bare_stream_c256"] = s["cpu_ratio_gateway_over_bare"]
         f["floor_cpu_ms_per_stream_c256"] = s["floor_cpu_ms_per_req"]
-        if "cpu_ratio_gateway_over_baseline" in s:
-            f["cpu_ratio_gateway_over_baseline_stream_c256"] = s["cpu_ratio_gateway_over_baseline"]
+        _partner_figures(f, s, "stream", "stream_c256")
         f["gateway_added_p99_ms_c256_stream"] = s["added_total_p99_ms"]
         f["bare_added_p99_ms_c256_stream"] = s["bare_added_total_p99_ms"]
     if "ns-c1" in res:
@@ -572,7 +629,7 @@ def _flat(res: dict[str, dict[str, Any]]) -> dict[str, float]:
 def _table(res: dict[str, dict[str, Any]], settings: dict[str, Any]) -> str:
     heads = ("req/s", "err", "cpu ms/req", "ttft p50", "ttft p99", "tot p50", "tot p99")
     heads += ("+ttft p50", "+tot p50", "+tot p99")
-    cols = f"{'scenario':<12} {'target':<8} {'req':>7} " + " ".join(f"{h:>10}" for h in heads)
+    cols = f"{'scenario':<12} {'target':<13} {'req':>7} " + " ".join(f"{h:>10}" for h in heads)
     lines = [
         f"gateway overhead: {N_UPSTREAMS} fake upstreams, {settings['chunks']} events per stream, "
         f"decode {settings['decode_ms']} ms/event, pinning {settings['pinning']}; latencies in ms, "
@@ -584,26 +641,33 @@ def _table(res: dict[str, dict[str, Any]], settings: dict[str, Any]) -> str:
         for t in raw:
             x = raw[t]
             added = ["", "", ""]
-            if t in TARGETS[1:]:
-                pre = "" if t == "gateway" else f"{t}_"
-                keys = ("added_ttft_p50_ms", "added_total_p50_ms", "added_total_p99_ms")
+            pre = "" if t == "gateway" else f"{t.replace('-', '_')}_"
+            keys = ("added_ttft_p50_ms", "added_total_p50_ms", "added_total_p99_ms")
+            if t != "direct" and pre + keys[0] in s:
                 added = [f"{s[pre + k]:.3f}" for k in keys]
             nums = [x["rps"], x["errors"], x["cpu_ms_per_req"], x["ttft_p50_ms"], x["ttft_p99_ms"]]
             nums += [x["total_p50_ms"], x["total_p99_ms"]]
             cells = [f"{nums[0]:>10.0f}", f"{nums[1]:>10}"] + [f"{v:>10.3f}" for v in nums[2:]]
             lines.append(
-                f"{name:<12} {t:<8} {x['requests']:>7} " + " ".join(cells + [f"{v:>10}" for v in added])
+                f"{name:<12} {t:<13} {x['requests']:>7} " + " ".join(cells + [f"{v:>10}" for v in added])
             )
         lines.append(f"{'':<12} gateway/bare CPU ratio {s['cpu_ratio_gateway_over_bare']:.2f}")
+        for router in ROUTERS:
+            key = router.replace("-", "_")
+            if f"cpu_ratio_gateway_over_{key}" in s:
+                lines.append(f"{'':<12} gateway/{router} CPU ratio {s[f'cpu_ratio_gateway_over_{key}']:.2f}")
         if "cpu_ratio_gateway_over_baseline" in s:
             lines.append(f"{'':<12} gateway/baseline CPU ratio {s['cpu_ratio_gateway_over_baseline']:.3f}")
-        if "ab_rounds" in s:
-            lo, hi = s["cpu_ratio_gateway_over_baseline_min_max"]
-            bl_med, gw_med = s["ab_baseline_cpu_ms_per_req_median"], s["ab_gateway_cpu_ms_per_req_median"]
+        for partner in ("baseline", *ROUTERS) if "ab_rounds" in s else ():
+            key = partner.replace("-", "_")
+            if f"cpu_ratio_gateway_over_{key}_median" not in s:
+                continue
+            lo, hi = s[f"cpu_ratio_gateway_over_{key}_min_max"]
+            other, gw_med = s[f"ab_{key}_cpu_ms_per_req_median"], s["ab_gateway_cpu_ms_per_req_median"]
             lines.append(
-                f"{'':<12} {s['ab_rounds']} interleaved rounds: CPU ms/req median baseline "
-                f"{bl_med:.3f}, gateway {gw_med:.3f}; "
-                f"gateway/baseline per round median {s['cpu_ratio_gateway_over_baseline_median']:.3f} "
+                f"{'':<12} {s['ab_rounds']} interleaved rounds: CPU ms/req median {partner} "
+                f"{other:.3f}, gateway {gw_med:.3f}; "
+                f"gateway/{partner} per round median {s[f'cpu_ratio_gateway_over_{key}_median']:.3f} "
                 f"(min {lo:.3f}, max {hi:.3f})"
             )
     flat = _flat(res)
@@ -638,8 +702,19 @@ def main() -> None:
         "--ab-rounds",
         type=int,
         default=1,
-        help="with --baseline-src: also N interleaved baseline/gateway rounds (order alternating), "
-        "and the median of the per-round CPU ratios (robust to a noisy machine's drift)",
+        help="with --baseline-src or --routers: also N interleaved rounds of each of them and the "
+        "gateway (order alternating), and the median of the per-round CPU ratios (robust to a "
+        "noisy machine's drift)",
+    )
+    p.add_argument(
+        "--routers",
+        help="comma-separated paths of Rust router executables (sglang-router, vllm-router; "
+        "pip install them into a separate venv): each is measured in front of the same upstreams",
+    )
+    p.add_argument(
+        "--router-policy",
+        default="cache_aware",
+        help="the routers' --policy (default cache_aware, the counterpart of prefix-affinity routing)",
     )
     p.add_argument("--_loadgen", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -652,6 +727,10 @@ def main() -> None:
     unknown = set(scenarios) - set(FULL)
     if unknown:
         p.error(f"unknown scenarios {sorted(unknown)}")
+    routers = [Path(x) for x in a.routers.split(",")] if a.routers else []
+    for path in routers:
+        if path.name not in ROUTERS or not os.access(path, os.X_OK):
+            p.error(f"--routers: {path} is not an executable named one of {', '.join(ROUTERS)}")
     window = a.window if a.window is not None else (1.5 if a.quick else 4.0)
     warmup = a.warmup if a.warmup is not None else (0.8 if a.quick else 1.0)
     cpus = _cpus()
@@ -672,8 +751,9 @@ def main() -> None:
                 delay = a.decode_ms if kind == "decode" else 0.0
                 if delay not in fleets:
                     fleets[delay] = Fleet(
-                        a.chunks, delay, cpus, Path(tmp), a.baseline_src, a.server_split, a.ab_rounds
-                    )
+                        a.chunks, delay, cpus, Path(tmp), a.baseline_src, a.server_split, a.ab_rounds,
+                        routers, a.router_policy,
+                    )  # fmt: skip
                 raw = _run_scenario(
                     fleets[delay], name, warmup, window, a.prompt_chars, cpus[0], a.chunks, a.decode_ms
                 )
