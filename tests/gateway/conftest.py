@@ -4,8 +4,9 @@ A :class:`FakeUpstream` is a small aiohttp app that answers chat and text comple
 with ``stream_options.include_usage``), publishes vLLM-style ``/metrics`` and ``/health``, records
 what it received, and can be told to fail, hang, drop a stream, send a malformed event, or go
 unhealthy. It records a client disconnect (its handler is cancelled when the gateway closes the
-connection). The gateway runs under ``aiohttp.test_utils.TestServer`` with handler cancellation on,
-as ``serve`` runs it.
+connection). The gateway runs under :class:`~tokenplane.gateway.server.GatewayServer` (the fast front for the
+completion routes, aiohttp behind it, handler cancellation on), as ``serve`` runs it; a few test
+files start ``aiohttp.test_utils.TestServer`` themselves, which keeps aiohttp's own path covered.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tokenplane.gateway import create_app, hash_key, parse_config
+from tokenplane.gateway.server import GatewayServer
 
 KEY = "sk-test-acme"
 BATCH_KEY = "sk-test-batch"
@@ -272,7 +274,7 @@ def gateway_config(
 
 @dataclass
 class RunningGateway:
-    server: TestServer
+    server: GatewayServer
     http: aiohttp.ClientSession
     clients: list[openai.AsyncOpenAI] = field(default_factory=list)
 
@@ -335,8 +337,8 @@ async def gateway(anyio_backend: str) -> AsyncIterator[Callable[..., Awaitable[R
 
     async def make(upstreams: list[FakeUpstream], **kwargs: Any) -> RunningGateway:
         config = parse_config(gateway_config(upstreams, **kwargs))
-        server = TestServer(create_app(config), host="127.0.0.1", port=0)
-        await server.start_server()
+        server = GatewayServer(create_app(config), "127.0.0.1", 0)
+        await server.start()
         gw = RunningGateway(server, aiohttp.ClientSession())
         running.append(gw)
         return gw
@@ -444,8 +446,8 @@ async def emu_gateway(anyio_backend: str) -> AsyncIterator[Callable[..., Awaitab
 
     async def make(emus: list[EmulatedUpstream], **kwargs: Any) -> RunningGateway:
         config = parse_config(emulated_config(emus, **kwargs))
-        server = TestServer(create_app(config), host="127.0.0.1", port=0)
-        await server.start_server()
+        server = GatewayServer(create_app(config), "127.0.0.1", 0)
+        await server.start()
         gw = RunningGateway(server, aiohttp.ClientSession())
         running.append(gw)
         return gw

@@ -1,6 +1,8 @@
 """The live gateway: an OpenAI-compatible streaming data plane in front of real runtimes.
 
-``create_app(load_config(path))`` gives an aiohttp application; ``serve`` runs it. See
+``create_app(load_config(path))`` gives an aiohttp application;
+:class:`~tokenplane.gateway.server.GatewayServer` listens for it (the completion routes through
+:mod:`~tokenplane.gateway.fast_front`), and ``serve`` runs that until interrupted. See
 :mod:`tokenplane.gateway.app` for the request pipeline.
 """
 

@@ -65,7 +65,15 @@ from tokenplane.gateway.errors import (
     UpstreamTimeout,
     error_response,
 )
-from tokenplane.gateway.fallback import SERVED_BY_HEADER, FallbackChain, FallbackMetrics, quality_of
+from tokenplane.gateway.fallback import (
+    SERVED_BY_HEADER,
+    SERVED_BY_KEY,
+    FallbackChain,
+    FallbackMetrics,
+    quality_of,
+    served_by_header,
+)
+from tokenplane.gateway.fast_front import AnyRequest, FastRequest, serialize
 from tokenplane.gateway.kv_events import KvEventsSubscriber, sources_from_instances
 from tokenplane.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from tokenplane.gateway.path_metrics import PathMetrics
@@ -101,9 +109,6 @@ HOUSEKEEPING_INTERVAL_S = 0.1
 POOL_LIMIT_PER_HOST = 0  # unbounded: the instance's own queue is the bound, not the socket count
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("tokenplane_gateway")
-SERVED_BY_KEY: Any = (  # web.RequestKey from aiohttp 3.12 on; a plain string before
-    web.RequestKey("tokenplane_served_by", str) if hasattr(web, "RequestKey") else "tokenplane_served_by"
-)
 
 _encode = msgspec.json.Encoder().encode
 
@@ -271,11 +276,18 @@ class Gateway:
             if forget is not None and (model is None or m.name == model):
                 forget(instance_id)
 
+    def extra_headers(self, request: AnyRequest) -> dict[str, str] | None:
+        """Headers the fast front adds to an answer (aiohttp's path adds them on response prepare)."""
+        return served_by_header(request)
+
     # -- stages ---------------------------------------------------------------------------------
-    def authenticate(self, request: web.Request) -> Tenant:
+    def authenticate(self, request: AnyRequest) -> Tenant:
         return self.auth.authenticate(request.headers.get("Authorization"))
 
-    async def read_body(self, request: web.Request) -> bytes:
+    async def read_body(self, request: AnyRequest) -> bytes:
+        if type(request) is FastRequest:
+            return request.body  # the front read it whole, within the limit
+        assert isinstance(request, web.Request)
         limit = self.limits.max_body_bytes
         length = request.content_length
         if length is not None and length > limit:
@@ -361,7 +373,7 @@ class Gateway:
 
     async def attempt(
         self,
-        request: web.Request,
+        request: AnyRequest,
         parsed: ParsedRequest,
         body: bytes,
         model: ServedModel,
@@ -463,7 +475,7 @@ class Gateway:
 
     async def accounted_attempt(
         self,
-        request: web.Request,
+        request: AnyRequest,
         parsed: ParsedRequest,
         body: bytes,
         model: ServedModel,
@@ -540,7 +552,7 @@ class Gateway:
 
     async def forward(
         self,
-        request: web.Request,
+        request: AnyRequest,
         parsed: ParsedRequest,
         model: ServedModel,
         tenant: Tenant,
@@ -636,7 +648,7 @@ class Gateway:
         raise error
 
     # -- handlers -------------------------------------------------------------------------------
-    async def completions(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    async def completions(self, request: AnyRequest, endpoint: Endpoint) -> web.StreamResponse:
         now = time.monotonic()
         ex = Exchange(now)
         model: ServedModel | None = None
@@ -897,12 +909,21 @@ def create_app(config: GatewayConfig, *, rng: random.Random | None = None) -> we
     return app
 
 
-async def _send_now(request: web.Request, out: web.Response, ex: Exchange) -> None:
+async def _send_now(request: AnyRequest, out: web.Response, ex: Exchange) -> None:
     """Write a complete answer before the bookkeeping that follows it (breakers, ledger, metrics,
     admission release), so none of that is on the client's latency; the handler then returns a
     response that is already sent, which aiohttp leaves as it is."""
     if ex.cacheable:
         out.headers[CACHE_HEADER] = "miss"  # stored by the handler once it is sent
+    if type(request) is FastRequest:
+        t = request.transport
+        if t.is_closing():
+            ex.outcome = OUTCOME_CLIENT_GONE
+            return
+        t.write(serialize(out, request, served_by_header(request)))
+        request.started = request.done = True
+        return
+    assert isinstance(request, web.Request)
     try:
         await out.prepare(request)
         await out.write_eof()

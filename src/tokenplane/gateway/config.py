@@ -95,6 +95,8 @@ class _Strict(BaseModel):
 class ListenConfig(_Strict):
     host: str = DEFAULT_HOST
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    # The completion routes' own HTTP/1.1 front (gateway/fast_front.py); false: aiohttp serves all.
+    fast_front: bool = True
 
 
 class LimitsConfig(_Strict):

@@ -43,6 +43,8 @@ from tokenplane.gateway.errors import (
     UpstreamProtocolError,
     error_event,
 )
+from tokenplane.gateway.fallback import served_by_header
+from tokenplane.gateway.fast_front import AnyRequest, FastRequest, FastStream
 from tokenplane.gateway.proxy import (
     OUTCOME_CLIENT_GONE,
     SSE_HEADERS,
@@ -134,7 +136,7 @@ class StreamSplicer:
         "request",
     )
 
-    def __init__(self, request: web.Request, chat: bool, idle_timeout_s: float | None = None) -> None:
+    def __init__(self, request: AnyRequest, chat: bool, idle_timeout_s: float | None = None) -> None:
         self.request = request
         self.idle_timeout_s = idle_timeout_s
         self.out: web.StreamResponse | None = None
@@ -161,8 +163,14 @@ class StreamSplicer:
     async def _prepare(self) -> web.StreamResponse:
         out = self.out
         if out is None:
-            out = self.out = web.StreamResponse(headers=SSE_HEADERS)
-            await out.prepare(self.request)
+            request = self.request
+            if type(request) is FastRequest:
+                out = self.out = FastStream(request, dict(SSE_HEADERS), served_by_header(request))
+                await out.prepare(request)
+            else:
+                assert isinstance(request, web.Request)
+                out = self.out = web.StreamResponse(headers=SSE_HEADERS)
+                await out.prepare(request)
         return out
 
     async def _write(self, out: web.StreamResponse, chunk: bytes) -> None:

@@ -22,12 +22,25 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from tokenplane.gateway.config import FallbackConfig
 
 QUALITY_HEADER = "x-tokenplane-quality"
 SERVED_BY_HEADER = "x-tokenplane-served-by"
+SERVED_BY_KEY: Any = (  # web.RequestKey from aiohttp 3.12 on; a plain string before
+    web.RequestKey("tokenplane_served_by", str) if hasattr(web, "RequestKey") else "tokenplane_served_by"
+)
+"""Where the handler notes, on its request, the model a fallback moved the request to."""
+
+
+def served_by_header(request: Any) -> dict[str, str] | None:
+    """The header naming the model that served a request moved down its chain, if it was moved."""
+    served = request.get(SERVED_BY_KEY)
+    return None if served is None else {SERVED_BY_HEADER: served}
+
+
 QUALITY_RANK: Mapping[str, int] = {"any": 0, "standard": 1, "best": 2}
 
 

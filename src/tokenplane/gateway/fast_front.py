@@ -1,0 +1,384 @@
+"""A fast front for the two completion routes, with aiohttp's server behind it for everything else.
+
+aiohttp's server costs about 0.075 ms of CPU per request on these machines
+(``bench/gateway_overhead.py --server-split``: aiohttp's server over tokenplane's client, against a
+raw protocol over the same client), a third of the gateway's whole cost per request. Every
+connection starts on :class:`FrontProtocol`. A request in the simple, common shape:
+
+* ``POST /v1/chat/completions`` or ``POST /v1/completions`` (no query string), ``HTTP/1.1``;
+* exactly one ``Content-Length`` of digits, within the body limit; no ``Transfer-Encoding``,
+  ``Expect`` or ``Upgrade``;
+* a head of ``CRLF``-terminated lines, under :data:`MAX_HEAD_BYTES`, with token header names and no
+  folded lines;
+
+goes straight to :meth:`Gateway.completions` as a :class:`FastRequest`, and its answer is written
+to the transport here. At the first request that is not in that shape (a scrape of ``/metrics``, a
+chunked body, HTTP/1.0, a malformed head, a body over the limit), the connection is handed to
+aiohttp's own protocol with every byte not yet consumed, and stays there: aiohttp's parser, routes
+and errors answer it exactly as they would without this front. Only well-formed, unambiguous
+requests are read here, so the two parsers cannot disagree about where a message ends.
+
+The semantics follow aiohttp's server as ``tokenplane serve`` runs it: keep-alive with an idle
+timeout, pipelined requests answered in order, and a client that disconnects cancels its handler
+(``handler_cancellation``), which closes the upstream request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any, cast
+
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+log = logging.getLogger(__name__)
+
+MAX_HEAD_BYTES = 16 * 1024
+"""A longer head goes to aiohttp (whose own limits answer it)."""
+KEEPALIVE_TIMEOUT_S = 75.0
+"""An idle keep-alive connection is closed after this long (aiohttp's default)."""
+SWEEP_INTERVAL_S = 5.0
+SERVER_HEADER = "tokenplane"
+
+Handler = Callable[[Any, Any], Awaitable[web.StreamResponse]]
+
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+
+
+class _Date:
+    """The ``Date`` header, formatted once a second."""
+
+    __slots__ = ("_second", "_value")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._value = ""
+
+    def get(self) -> str:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._value = formatdate(now, usegmt=True)
+        return self._value
+
+
+_date = _Date()
+
+
+class FastRequest:
+    """What the completion handler reads of a request: headers, method, path, the whole body,
+    and the transport its answer goes to. Like an aiohttp request, it also holds per-request
+    values under keys (``request[KEY] = value``)."""
+
+    __slots__ = ("_values", "body", "done", "headers", "keep_alive", "method", "path", "started", "transport")
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        headers: CIMultiDictProxy[str],
+        body: bytes,
+        transport: asyncio.Transport,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.headers = headers
+        self.body = body
+        self.transport = transport
+        conn = headers.get("Connection")
+        self.keep_alive = conn is None or conn.lower() != "close"
+        self.started = False  # the answer's head has been written
+        self.done = False  # and all of it
+        self._values: dict[Any, Any] = {}
+
+    @property
+    def content_length(self) -> int:
+        return len(self.body)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._values[key] = value
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._values.get(key, default)
+
+
+AnyRequest = web.Request | FastRequest
+"""What the completion handler is given: an aiohttp request, or the fast front's."""
+
+
+def _head(
+    status: int, headers: Iterable[tuple[str, str]], extra: dict[str, str] | None, keep_alive: bool
+) -> list[str]:
+    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}"]
+    for k, v in headers:
+        lines.append(f"{k}: {v}")
+    if extra:
+        lines.extend(f"{k}: {v}" for k, v in extra.items())
+    lines.append(f"Date: {_date.get()}")
+    lines.append(f"Server: {SERVER_HEADER}")
+    if not keep_alive:
+        lines.append("Connection: close")
+    return lines
+
+
+_SKIP = frozenset(("content-length", "transfer-encoding", "connection", "date", "server"))
+
+
+def serialize(resp: web.Response, request: FastRequest, extra: dict[str, str] | None = None) -> bytes:
+    """An aiohttp ``web.Response`` with a bytes body, as HTTP/1.1 bytes."""
+    body = resp.body
+    if body is None:
+        body = b""
+    if not isinstance(body, bytes | bytearray):
+        raise TypeError(f"the fast front sends bytes bodies only, not {type(body).__name__}")
+    headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in _SKIP]
+    lines = _head(resp.status, headers, extra, request.keep_alive)
+    lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class FastStream(web.StreamResponse):
+    """A chunked response (an SSE stream) written by the fast front: the head on ``prepare``, each
+    ``write`` as one chunk, the last chunk on ``write_eof``. Back-pressure as the relay's: above
+    the transport's high-water mark, wait for the client."""
+
+    def __init__(self, request: FastRequest, headers: dict[str, str], extra: dict[str, str] | None) -> None:
+        super().__init__(headers=headers)
+        self.headers["Transfer-Encoding"] = "chunked"
+        self._request = request
+        self._extra = extra
+        self._ended = False
+
+    async def prepare(self, request: Any) -> None:
+        r = self._request
+        if r.started:
+            return
+        t = r.transport
+        if t.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        skip = _SKIP - {"transfer-encoding"}
+        headers = [(k, v) for k, v in self.headers.items() if k.lower() not in skip]
+        lines = _head(self.status, headers, self._extra, r.keep_alive)
+        t.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        r.started = True
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return
+        await self.prepare(self._request)
+        t = self._request.transport
+        if t.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        t.write(b"%x\r\n%s\r\n" % (len(data), bytes(data)))
+        while t.get_write_buffer_size() > 1 << 16:
+            if t.is_closing():
+                raise ConnectionResetError("the client closed the connection")
+            await asyncio.sleep(0.005)
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        if self._ended:
+            return
+        if data:
+            await self.write(data)
+        await self.prepare(self._request)
+        self._ended = True
+        t = self._request.transport
+        if not t.is_closing():
+            t.write(b"0\r\n\r\n")
+            self._request.done = True
+
+
+_HEAD = re.compile(
+    rb"POST (/v1/chat/completions|/v1/completions) HTTP/1\.1"
+    # header lines: a token, a colon, field-value characters (HTAB, SP, VCHAR, obs-text); no folding
+    rb"((?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*)*)"
+)
+_REFUSED = re.compile(rb"\r\n(?:transfer-encoding|expect|upgrade):", re.IGNORECASE)
+_LENGTH = re.compile(rb"\r\ncontent-length:([^\r]*)", re.IGNORECASE)
+_ENDPOINTS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completions"}
+
+
+def _parse_head(head: bytes) -> tuple[str, str, list[tuple[str, str]], int] | None:
+    """(endpoint, path, headers, content length) of a request in the fast shape, else ``None``.
+
+    The shape is checked by regular expressions (in C, one pass each) rather than line by line."""
+    m = _HEAD.fullmatch(head)
+    if m is None:
+        return None
+    fields = m.group(2)
+    if _REFUSED.search(fields) is not None:
+        return None
+    lengths = _LENGTH.findall(fields)
+    if len(lengths) != 1:
+        return None
+    digits = lengths[0].lstrip(b" \t")
+    if not digits.isdigit() or len(digits) > 15:  # no sign, no trailing space, no list
+        return None
+    headers = []
+    for line in fields.decode("latin-1").split("\r\n")[1:]:
+        name, _, value = line.partition(":")
+        headers.append((name, value.strip(" \t")))
+    path = m.group(1)
+    return _ENDPOINTS[path], path.decode("ascii"), headers, int(digits)
+
+
+class FrontProtocol(asyncio.Protocol):
+    """One client connection: fast requests here, the rest (from the first one on) to aiohttp."""
+
+    def __init__(self, front: FastFront) -> None:
+        self.front = front
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.task: asyncio.Task[None] | None = None
+        self.idle_since = 0.0
+        self.handed_over = False
+        self.paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.idle_since = self.front.loop.time()
+        self.front.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.front.connections.discard(self)
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # the client left: its handler (and the upstream request) ends
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.task is None:
+            self._next()
+        elif len(self.buf) > self.front.max_body_bytes + MAX_HEAD_BYTES and not self.paused:
+            assert self.transport is not None
+            self.transport.pause_reading()  # pipelined beyond one request: wait for this one
+            self.paused = True
+
+    def _next(self) -> None:
+        """Start the next whole request in the buffer, or hand the connection over."""
+        buf = self.buf
+        if not buf:
+            return
+        end = buf.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+        if end < 0:
+            if len(buf) > MAX_HEAD_BYTES or not buf.startswith(b"POST "[: len(buf)]):
+                self._hand_over()
+            return
+        parsed = _parse_head(bytes(buf[:end]))
+        if parsed is None:
+            self._hand_over()
+            return
+        endpoint, path, headers, length = parsed
+        if length > self.front.max_body_bytes:
+            self._hand_over()  # aiohttp's route answers 413 exactly as without this front
+            return
+        start = end + 4
+        if len(buf) < start + length:
+            return  # the rest of the body is on its way
+        body = bytes(buf[start : start + length])
+        del buf[: start + length]
+        assert self.transport is not None
+        request = FastRequest("POST", path, CIMultiDictProxy(CIMultiDict(headers)), body, self.transport)
+        self.task = self.front.loop.create_task(self._serve(request, endpoint))
+
+    async def _serve(self, request: FastRequest, endpoint: str) -> None:
+        t = request.transport
+        try:
+            out = await self.front.handler(request, endpoint)
+            if isinstance(out, FastStream):
+                await out.write_eof()  # what aiohttp does with a returned stream
+            elif not request.started and not t.is_closing():
+                if not isinstance(out, web.Response):
+                    raise TypeError(f"an unsent {type(out).__name__} from the completion handler")
+                t.write(serialize(out, request, self.front.extra_headers(request)))
+                request.started = request.done = True
+        except asyncio.CancelledError:
+            return
+        except Exception:  # the handler maps its own errors; this is a bug, and the answer is lost
+            log.exception("unexpected error in the fast front")
+            t.close()
+            return
+        finally:
+            self.task = None
+        if not request.done or not request.keep_alive or t.is_closing():
+            t.close()  # an answer cut short (its head already sent) cannot be followed by another
+            return
+        self.idle_since = self.front.loop.time()
+        if self.paused:
+            self.paused = False
+            t.resume_reading()
+        self._next()
+
+    def _hand_over(self) -> None:
+        """From now on aiohttp's protocol owns the connection, beginning with the unread bytes."""
+        t = self.transport
+        assert t is not None
+        self.handed_over = True
+        self.front.connections.discard(self)
+        if self.paused:
+            self.paused = False
+            t.resume_reading()
+        proto = self.front.aiohttp_protocol()
+        data = bytes(self.buf)
+        self.buf = bytearray()
+        t.set_protocol(proto)
+        proto.connection_made(t)
+        if data:
+            proto.data_received(data)
+
+
+class FastFront:
+    """The listening side: a protocol per connection, the idle sweep, and the way to aiohttp."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        aiohttp_protocol: Callable[[], asyncio.Protocol],
+        max_body_bytes: int,
+        extra_headers: Callable[[FastRequest], dict[str, str] | None] = lambda _: None,
+        keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
+    ) -> None:
+        self.handler = handler
+        self.aiohttp_protocol = aiohttp_protocol
+        self.max_body_bytes = max_body_bytes
+        self.extra_headers = extra_headers
+        self.keepalive_timeout_s = keepalive_timeout_s
+        self.connections: set[FrontProtocol] = set()
+        self.loop = asyncio.get_running_loop()
+        self._sweeper = self.loop.create_task(self._sweep())
+
+    def protocol(self) -> FrontProtocol:
+        return FrontProtocol(self)
+
+    async def _sweep(self) -> None:
+        """Close keep-alive connections idle past the timeout (one pass every few seconds, rather
+        than a timer armed and cancelled per request)."""
+        while True:
+            await asyncio.sleep(min(SWEEP_INTERVAL_S, self.keepalive_timeout_s))
+            horizon = self.loop.time() - self.keepalive_timeout_s
+            for c in list(self.connections):
+                if c.task is None and c.idle_since < horizon and c.transport is not None:
+                    c.transport.close()
+
+    async def close(self) -> None:
+        """Stop the sweep; cancel requests in flight and close every connection still here."""
+        self._sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._sweeper
+        tasks = [c.task for c in self.connections if c.task is not None]
+        for c in list(self.connections):
+            if c.transport is not None:
+                c.transport.close()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+
+__all__ = ["AnyRequest", "FastFront", "FastRequest", "FastStream", "FrontProtocol", "serialize"]
