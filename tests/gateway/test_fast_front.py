@@ -257,3 +257,29 @@ async def test_without_the_front_aiohttp_serves_everything(upstreams, names) -> 
     finally:
         await server.close()
     assert status == 200 and headers["server"] != "tokenplane"
+
+
+def test_serialized_heads_are_kept_per_kind_of_answer() -> None:
+    from multidict import CIMultiDict, CIMultiDictProxy
+
+    from tokenplane.gateway.fast_front import FastRequest, serialize
+
+    def request(connection: str | None = None) -> FastRequest:
+        headers = CIMultiDict({"Connection": connection} if connection else {})
+        return FastRequest("POST", CHAT, CIMultiDictProxy(headers), b"", None)  # type: ignore[arg-type]
+
+    def head_of(raw: bytes) -> dict[str, str]:
+        lines = raw.split(b"\r\n\r\n", 1)[0].decode().split("\r\n")
+        return {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+
+    from aiohttp import web
+
+    a = serialize(web.Response(status=503, body=b"{}", headers={"Retry-After": "1"}), request())
+    b = serialize(web.Response(status=503, body=b"{1}", headers={"Retry-After": "7"}), request("close"))
+    c = serialize(web.Response(body=b"abc", content_type="application/json"), request(), {"x-extra": "m"})
+    assert a.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and a.endswith(b"\r\n\r\n{}")
+    assert head_of(a)["retry-after"] == "1" and "connection" not in head_of(a)
+    assert head_of(b)["retry-after"] == "7" and head_of(b)["connection"] == "close"
+    assert head_of(b)["content-length"] == "3" and b.endswith(b"{1}")
+    assert head_of(c)["content-type"] == "application/json" and head_of(c)["x-extra"] == "m"
+    assert c.startswith(b"HTTP/1.1 200 OK\r\n") and "date" in head_of(c)

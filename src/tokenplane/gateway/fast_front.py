@@ -59,13 +59,13 @@ class _Date:
 
     def __init__(self) -> None:
         self._second = -1
-        self._value = ""
+        self._value = b""
 
-    def get(self) -> str:
+    def get(self) -> bytes:
         now = int(time.time())
         if now != self._second:
             self._second = now
-            self._value = formatdate(now, usegmt=True)
+            self._value = formatdate(now, usegmt=True).encode("ascii")
         return self._value
 
 
@@ -113,35 +113,38 @@ AnyRequest = web.Request | FastRequest
 """What the completion handler is given: an aiohttp request, or the fast front's."""
 
 
-def _head(
-    status: int, headers: Iterable[tuple[str, str]], extra: dict[str, str] | None, keep_alive: bool
-) -> list[str]:
+def _head(status: int, headers: Iterable[tuple[str, str]], extra: dict[str, str] | None) -> bytes:
+    """The status line, ``headers`` and ``extra``, and Server, each line ending in CRLF."""
     lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}"]
-    for k, v in headers:
-        lines.append(f"{k}: {v}")
+    lines.extend(f"{k}: {v}" for k, v in headers if k.lower() not in _SKIP)
     if extra:
         lines.extend(f"{k}: {v}" for k, v in extra.items())
-    lines.append(f"Date: {_date.get()}")
     lines.append(f"Server: {SERVER_HEADER}")
-    if not keep_alive:
-        lines.append("Connection: close")
-    return lines
+    return ("\r\n".join(lines) + "\r\n").encode("latin-1")
 
 
 _SKIP = frozenset(("content-length", "transfer-encoding", "connection", "date", "server"))
+_HEADS: dict[tuple[Any, ...], bytes] = {}
+_MAX_HEADS = 256  # answers' heads repeat (status, content type, Retry-After): a few dozen kinds
 
 
 def serialize(resp: web.Response, request: FastRequest, extra: dict[str, str] | None = None) -> bytes:
-    """An aiohttp ``web.Response`` with a bytes body, as HTTP/1.1 bytes."""
+    """An aiohttp ``web.Response`` with a bytes body, as HTTP/1.1 bytes. The head is built once per
+    kind of answer (status and headers) and kept; Date, Connection and Content-Length are added."""
     body = resp.body
     if body is None:
         body = b""
     if not isinstance(body, bytes | bytearray):
         raise TypeError(f"the fast front sends bytes bodies only, not {type(body).__name__}")
-    headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in _SKIP]
-    lines = _head(resp.status, headers, extra, request.keep_alive)
-    lines.append(f"Content-Length: {len(body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    items = tuple(resp.headers.items())
+    key = (resp.status, items, tuple(extra.items()) if extra else None)
+    head = _HEADS.get(key)
+    if head is None:
+        if len(_HEADS) >= _MAX_HEADS:
+            _HEADS.clear()
+        head = _HEADS[key] = _head(resp.status, items, extra)
+    close = b"" if request.keep_alive else b"Connection: close\r\n"
+    return b"%sDate: %s\r\n%sContent-Length: %d\r\n\r\n%s" % (head, _date.get(), close, len(body), body)
 
 
 class FastStream(web.StreamResponse):
@@ -163,10 +166,9 @@ class FastStream(web.StreamResponse):
         t = r.transport
         if t.is_closing():
             raise ConnectionResetError("the client closed the connection")
-        skip = _SKIP - {"transfer-encoding"}
-        headers = [(k, v) for k, v in self.headers.items() if k.lower() not in skip]
-        lines = _head(self.status, headers, self._extra, r.keep_alive)
-        t.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        close = b"" if r.keep_alive else b"Connection: close\r\n"
+        head = _head(self.status, self.headers.items(), self._extra)
+        t.write(b"%sTransfer-Encoding: chunked\r\nDate: %s\r\n%s\r\n" % (head, _date.get(), close))
         r.started = True
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
