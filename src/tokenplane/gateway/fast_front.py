@@ -148,28 +148,29 @@ def serialize(resp: web.Response, request: FastRequest, extra: dict[str, str] | 
 
 
 class FastStream(web.StreamResponse):
-    """A chunked response (an SSE stream) written by the fast front: the head on ``prepare``, each
-    ``write`` as one chunk, the last chunk on ``write_eof``. Back-pressure as the relay's: above
-    the transport's high-water mark, wait for the client."""
+    """A chunked response (an SSE stream) written by the fast front: the head is made on
+    ``prepare`` and goes out with the first chunk (one write, as aiohttp does), each ``write`` is one
+    chunk, ``write_eof`` the last. Back-pressure as the relay's: above the transport's high-water
+    mark, wait for the client."""
 
     def __init__(self, request: FastRequest, headers: dict[str, str], extra: dict[str, str] | None) -> None:
         super().__init__(headers=headers)
         self.headers["Transfer-Encoding"] = "chunked"
         self._request = request
         self._extra = extra
+        self._head = b""
         self._ended = False
 
     async def prepare(self, request: Any) -> None:
         r = self._request
         if r.started:
             return
-        t = r.transport
-        if t.is_closing():
+        if r.transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
         close = b"" if r.keep_alive else b"Connection: close\r\n"
         head = _head(self.status, self.headers.items(), self._extra)
-        t.write(b"%sTransfer-Encoding: chunked\r\nDate: %s\r\n%s\r\n" % (head, _date.get(), close))
-        r.started = True
+        self._head = b"%sTransfer-Encoding: chunked\r\nDate: %s\r\n%s\r\n" % (head, _date.get(), close)
+        r.started = True  # committed: no other answer can follow
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
@@ -178,7 +179,8 @@ class FastStream(web.StreamResponse):
         t = self._request.transport
         if t.is_closing():
             raise ConnectionResetError("the client closed the connection")
-        t.write(b"%x\r\n%s\r\n" % (len(data), bytes(data)))
+        t.write(b"%s%x\r\n%s\r\n" % (self._head, len(data), bytes(data)))
+        self._head = b""
         while t.get_write_buffer_size() > 1 << 16:
             if t.is_closing():
                 raise ConnectionResetError("the client closed the connection")
@@ -193,7 +195,8 @@ class FastStream(web.StreamResponse):
         self._ended = True
         t = self._request.transport
         if not t.is_closing():
-            t.write(b"0\r\n\r\n")
+            t.write(self._head + b"0\r\n\r\n")
+            self._head = b""
             self._request.done = True
 
 
