@@ -47,7 +47,8 @@ async def _run(server: GatewayServer) -> None:
         with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' loop
             loop.add_signal_handler(sig, stop.set)
     await server.start()
-    log.info("serving on http://%s:%d (press CTRL+C to quit)", server.host, server.port)
+    host = f"[{server.host}]" if ":" in server.host else server.host
+    log.info("serving on http://%s:%d (press CTRL+C to quit)", host, server.port)
     try:
         await stop.wait()
     finally:

@@ -9,7 +9,6 @@ owns the listening socket, handing connections to the runner's protocol as
 from __future__ import annotations
 
 import asyncio
-import socket
 
 from aiohttp import web
 from yarl import URL
@@ -53,9 +52,7 @@ class GatewayServer:
             gw.completions, server, gw.limits.max_body_bytes, gw.extra_headers, self.keepalive_timeout_s
         )
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self.front.protocol, self.host, self.port, reuse_address=True, family=socket.AF_INET
-        )
+        self._server = await loop.create_server(self.front.protocol, self.host, self.port, reuse_address=True)
         self.port = int(self._server.sockets[0].getsockname()[1])
 
     start_server = start  # the name aiohttp's TestServer uses
