@@ -120,7 +120,7 @@ async def test_a_request_arriving_byte_by_byte_is_served(upstreams, gateway, nam
 async def test_connection_close_is_honoured(upstreams, gateway, names) -> None:
     gw = await gateway(await upstreams(1))
     reader, writer = await _connect(gw)
-    writer.write(_request(names, extra="Connection: close\r\n"))
+    writer.write(_request(names, extra="Connection: TE, Close\r\n"))
     status, headers, _ = await _read_response(reader)
     assert status == 200 and headers["connection"] == "close"
     assert await asyncio.wait_for(reader.read(), 5) == b""  # and the gateway closed it

@@ -93,7 +93,7 @@ class FastRequest:
         self.body = body
         self.transport = transport
         conn = headers.get("Connection")
-        self.keep_alive = conn is None or conn.lower() != "close"
+        self.keep_alive = conn is None or "close" not in (t.strip() for t in conn.lower().split(","))
         self.started = False  # the answer's head has been written
         self.done = False  # and all of it
         self._values: dict[Any, Any] = {}
