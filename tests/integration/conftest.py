@@ -167,7 +167,7 @@ def anyio_backend() -> str:
 
 
 class VllmGateway:
-    """The gateway under ``aiohttp.test_utils.TestServer`` (as tests/gateway run it), instance ids
+    """The gateway under ``GatewayServer`` (as ``serve`` and tests/gateway run it), instance ids
     ``vllm-0``, ``vllm-1`` in the order of `vllm_endpoints`; one tenant whose raw key is ``key``."""
 
     def __init__(self, server: Any, http: Any, endpoints: list[VllmEndpoint]) -> None:
@@ -240,13 +240,13 @@ async def vllm_gateway(
     """A fresh gateway (empty prefix index) per test, in the test's event loop, returned once it has
     scraped every instance at least once."""
     import aiohttp
-    from aiohttp.test_utils import TestServer
 
     from tokenplane.gateway import create_app, parse_config
+    from tokenplane.gateway.server import GatewayServer
 
     config = parse_config(vllm_gateway_config(vllm_endpoints, vllm_model))
-    server = TestServer(create_app(config), host="127.0.0.1", port=0)
-    await server.start_server()
+    server = GatewayServer(create_app(config), "127.0.0.1", 0)
+    await server.start()
     gw = VllmGateway(server, aiohttp.ClientSession(), vllm_endpoints)
     try:
         patience = Patience(10)
