@@ -36,37 +36,45 @@ def parse_outcome(outcome: str | TaskOutcome) -> TaskOutcome:
 
 
 def apply_attempt(prev: WorkflowSummary | None, a: AttemptRecord) -> WorkflowSummary:
-    if prev is None:
-        prev = WorkflowSummary(
-            workflow_id=a.workflow_id, tenant=a.tenant, outcome=TaskOutcome.OPEN, first_t=a.t, last_t=a.t
-        )
-    total = a.total_steps if a.total_steps is not None else prev.total_steps
-    step = a.step if a.step is not None else None
-    max_step = prev.max_step
+    if prev is None:  # a new workflow: the empty summary's fields, without building one
+        workflow_id, tenant, first_t, last_t, model = a.workflow_id, a.tenant, a.t, a.t, a.model
+        total, max_step, outcome, reason, settled_t = None, 0, TaskOutcome.OPEN, "", None
+        attempts = failed_attempts = tokens_in = tokens_out = 0
+        cost_usd = failed_cost_usd = 0.0
+    else:
+        workflow_id, tenant, model = prev.workflow_id, prev.tenant, prev.model or a.model
+        first_t, last_t = min(prev.first_t, a.t), max(prev.last_t, a.t)
+        total, max_step = prev.total_steps, prev.max_step
+        outcome, reason, settled_t = prev.outcome, prev.reason, prev.settled_t
+        attempts, failed_attempts = prev.attempts, prev.failed_attempts
+        cost_usd, failed_cost_usd = prev.cost_usd, prev.failed_attempt_cost_usd
+        tokens_in, tokens_out = prev.tokens_in, prev.tokens_out
+    if a.total_steps is not None:
+        total = a.total_steps
+    step = a.step
     if a.ok and step is not None:
         max_step = max(max_step, step)
-    outcome, reason, settled_t = prev.outcome, prev.reason, prev.settled_t
     if outcome is TaskOutcome.OPEN:
         if a.ok and step is not None and total is not None and step >= total:
             outcome, reason, settled_t = TaskOutcome.SUCCEEDED, "last_step", a.t
         elif not a.ok and a.terminal:
             outcome, reason, settled_t = TaskOutcome.FAILED, f"step_failed:{a.reason or 'error'}", a.t
     return WorkflowSummary(
-        workflow_id=prev.workflow_id,
-        tenant=prev.tenant,
+        workflow_id=workflow_id,
+        tenant=tenant,
         outcome=outcome,
-        first_t=min(prev.first_t, a.t),
-        last_t=max(prev.last_t, a.t),
-        model=prev.model or a.model,
+        first_t=first_t,
+        last_t=last_t,
+        model=model,
         reason=reason,
         total_steps=total,
         max_step=max_step,
-        attempts=prev.attempts + 1,
-        failed_attempts=prev.failed_attempts + (0 if a.ok else 1),
-        cost_usd=prev.cost_usd + a.cost_usd,
-        failed_attempt_cost_usd=prev.failed_attempt_cost_usd + (0.0 if a.ok else a.cost_usd),
-        tokens_in=prev.tokens_in + a.tokens_in,
-        tokens_out=prev.tokens_out + a.tokens_out,
+        attempts=attempts + 1,
+        failed_attempts=failed_attempts + (0 if a.ok else 1),
+        cost_usd=cost_usd + a.cost_usd,
+        failed_attempt_cost_usd=failed_cost_usd + (0.0 if a.ok else a.cost_usd),
+        tokens_in=tokens_in + a.tokens_in,
+        tokens_out=tokens_out + a.tokens_out,
         settled_t=settled_t,
     )
 
