@@ -73,7 +73,7 @@ from tokenplane.gateway.fallback import (
     quality_of,
     served_by_header,
 )
-from tokenplane.gateway.fast_front import AnyRequest, FastRequest, serialize
+from tokenplane.gateway.fast_front import AnyRequest, FastRequest
 from tokenplane.gateway.kv_events import KvEventsSubscriber, sources_from_instances
 from tokenplane.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from tokenplane.gateway.path_metrics import PathMetrics
@@ -275,10 +275,6 @@ class Gateway:
             forget = getattr(m.router, "forget", None)
             if forget is not None and (model is None or m.name == model):
                 forget(instance_id)
-
-    def extra_headers(self, request: AnyRequest) -> dict[str, str] | None:
-        """Headers the fast front adds to an answer (aiohttp's path adds them on response prepare)."""
-        return served_by_header(request)
 
     # -- stages ---------------------------------------------------------------------------------
     def authenticate(self, request: AnyRequest) -> Tenant:
@@ -916,12 +912,8 @@ async def _send_now(request: AnyRequest, out: web.Response, ex: Exchange) -> Non
     if ex.cacheable:
         out.headers[CACHE_HEADER] = "miss"  # stored by the handler once it is sent
     if type(request) is FastRequest:
-        t = request.transport
-        if t.is_closing():
+        if not request.send(out, served_by_header(request)):
             ex.outcome = OUTCOME_CLIENT_GONE
-            return
-        t.write(serialize(out, request, served_by_header(request)))
-        request.started = request.done = True
         return
     assert isinstance(request, web.Request)
     try:

@@ -44,7 +44,7 @@ from tokenplane.gateway.errors import (
     error_event,
 )
 from tokenplane.gateway.fallback import served_by_header
-from tokenplane.gateway.fast_front import AnyRequest, FastRequest, FastStream
+from tokenplane.gateway.fast_front import WRITE_HIGH_WATER_BYTES, AnyRequest, FastRequest, FastStream, drain
 from tokenplane.gateway.proxy import (
     OUTCOME_CLIENT_GONE,
     SSE_HEADERS,
@@ -59,9 +59,6 @@ from tokenplane.gateway.upstreams import Upstream
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 _DONE = b"data: [DONE]\n\n"
-WRITE_HIGH_WATER_BYTES = 1 << 16
-"""Unsent bytes to a client above which the relay waits for the client to read (back-pressure)."""
-DRAIN_POLL_S = 0.005
 
 
 def can_continue(parsed: ParsedRequest) -> bool:
@@ -190,14 +187,7 @@ class StreamSplicer:
         if t.is_closing():
             raise ConnectionResetError("the client closed the connection")
         t.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        await self._drain(t)
-
-    @staticmethod
-    async def _drain(t: asyncio.Transport) -> None:
-        while t.get_write_buffer_size() > WRITE_HIGH_WATER_BYTES:
-            if t.is_closing():
-                raise ConnectionResetError("the client closed the connection")
-            await asyncio.sleep(DRAIN_POLL_S)
+        await drain(t)
 
     # -- after a failure ------------------------------------------------------------------------
     def digest(self) -> None:
@@ -296,7 +286,7 @@ class StreamSplicer:
                         if t is not None and not t.is_closing():  # the usual chunk: no coroutine
                             t.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                             if t.get_write_buffer_size() > WRITE_HIGH_WATER_BYTES:
-                                await self._drain(t)
+                                await drain(t)
                         else:
                             await self._write(out, chunk)
                     if n:

@@ -46,6 +46,9 @@ KEEPALIVE_TIMEOUT_S = 75.0
 """An idle keep-alive connection is closed after this long (aiohttp's default)."""
 SWEEP_INTERVAL_S = 5.0
 SERVER_HEADER = "tokenplane"
+WRITE_HIGH_WATER_BYTES = 1 << 16
+"""Unsent bytes to a client above which a stream waits for the client to read (back-pressure)."""
+DRAIN_POLL_S = 0.005
 
 Handler = Callable[[Any, Any], Awaitable[web.StreamResponse]]
 
@@ -98,19 +101,35 @@ class FastRequest:
         self.done = False  # and all of it
         self._values: dict[Any, Any] = {}
 
-    @property
-    def content_length(self) -> int:
-        return len(self.body)
-
     def __setitem__(self, key: Any, value: Any) -> None:
         self._values[key] = value
 
     def get(self, key: Any, default: Any = None) -> Any:
         return self._values.get(key, default)
 
+    def send(self, resp: web.Response, extra: dict[str, str] | None = None) -> bool:
+        """Write a whole answer (see :func:`serialize`); ``False`` if the client had already gone."""
+        if self.transport.is_closing():
+            return False
+        self.transport.write(serialize(resp, self, extra))
+        self.started = self.done = True
+        return True
+
 
 AnyRequest = web.Request | FastRequest
 """What the completion handler is given: an aiohttp request, or the fast front's."""
+
+
+async def drain(t: asyncio.Transport) -> None:
+    """Wait while more than :data:`WRITE_HIGH_WATER_BYTES` to the client are unsent; a client
+    that closed meanwhile is a ``ConnectionResetError``."""
+    while t.get_write_buffer_size() > WRITE_HIGH_WATER_BYTES:
+        if t.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        await asyncio.sleep(DRAIN_POLL_S)
+
+
+_SKIP = frozenset(("content-length", "transfer-encoding", "connection", "date", "server"))
 
 
 def _head(status: int, headers: Iterable[tuple[str, str]], extra: dict[str, str] | None) -> bytes:
@@ -123,7 +142,6 @@ def _head(status: int, headers: Iterable[tuple[str, str]], extra: dict[str, str]
     return ("\r\n".join(lines) + "\r\n").encode("latin-1")
 
 
-_SKIP = frozenset(("content-length", "transfer-encoding", "connection", "date", "server"))
 _HEADS: dict[tuple[Any, ...], bytes] = {}
 _MAX_HEADS = 256  # answers' heads repeat (status, content type, Retry-After): a few dozen kinds
 
@@ -181,10 +199,7 @@ class FastStream(web.StreamResponse):
             raise ConnectionResetError("the client closed the connection")
         t.write(b"%s%x\r\n%s\r\n" % (self._head, len(data), bytes(data)))
         self._head = b""
-        while t.get_write_buffer_size() > 1 << 16:
-            if t.is_closing():
-                raise ConnectionResetError("the client closed the connection")
-            await asyncio.sleep(0.005)
+        await drain(t)
 
     async def write_eof(self, data: bytes = b"") -> None:
         if self._ended:
@@ -243,7 +258,6 @@ class FrontProtocol(asyncio.Protocol):
         self.buf = bytearray()
         self.task: asyncio.Task[None] | None = None
         self.idle_since = 0.0
-        self.handed_over = False
         self.paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -301,8 +315,7 @@ class FrontProtocol(asyncio.Protocol):
             elif not request.started and not t.is_closing():
                 if not isinstance(out, web.Response):
                     raise TypeError(f"an unsent {type(out).__name__} from the completion handler")
-                t.write(serialize(out, request, self.front.extra_headers(request)))
-                request.started = request.done = True
+                request.send(out, self.front.extra_headers(request))
         except asyncio.CancelledError:
             return
         except Exception:  # the handler maps its own errors; this is a bug, and the answer is lost
@@ -324,7 +337,6 @@ class FrontProtocol(asyncio.Protocol):
         """From now on aiohttp's protocol owns the connection, beginning with the unread bytes."""
         t = self.transport
         assert t is not None
-        self.handed_over = True
         self.front.connections.discard(self)
         if self.paused:
             self.paused = False
@@ -386,4 +398,13 @@ class FastFront:
             await asyncio.wait(tasks)
 
 
-__all__ = ["AnyRequest", "FastFront", "FastRequest", "FastStream", "FrontProtocol", "serialize"]
+__all__ = [
+    "WRITE_HIGH_WATER_BYTES",
+    "AnyRequest",
+    "FastFront",
+    "FastRequest",
+    "FastStream",
+    "FrontProtocol",
+    "drain",
+    "serialize",
+]

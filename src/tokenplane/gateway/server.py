@@ -14,6 +14,7 @@ from aiohttp import web
 from yarl import URL
 
 from tokenplane.gateway.app import GATEWAY_KEY
+from tokenplane.gateway.fallback import served_by_header
 from tokenplane.gateway.fast_front import KEEPALIVE_TIMEOUT_S, FastFront
 
 
@@ -49,7 +50,7 @@ class GatewayServer:
         server = self.runner.server
         assert server is not None
         self.front = FastFront(
-            gw.completions, server, gw.limits.max_body_bytes, gw.extra_headers, self.keepalive_timeout_s
+            gw.completions, server, gw.limits.max_body_bytes, served_by_header, self.keepalive_timeout_s
         )
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self.front.protocol, self.host, self.port, reuse_address=True)
