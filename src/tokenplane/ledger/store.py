@@ -20,7 +20,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from tokenplane.core.economics import EconomicsSummary, TaskOutcome, summarize_sums
+from tokenplane.core.economics import EconomicsSummary, TaskOutcome, add_task, summarize_sums
 from tokenplane.ledger.errors import InvalidLedgerRecord
 from tokenplane.ledger.records import AttemptRecord, WorkflowSummary, implicit_workflow_id
 from tokenplane.ledger.rules import apply_attempt, apply_outcome, is_stale, parse_outcome
@@ -60,20 +60,11 @@ def totals_keys(w: WorkflowSummary) -> tuple[TotalsKey, TotalsKey, TotalsKey]:
 def add_to_totals(acc: dict[TotalsKey, list[float]], w: WorkflowSummary, sign: int) -> None:
     """Add (``sign`` 1) or take back (-1) one workflow's part of the running economics: a write
     takes back the workflow's previous state and adds its new one, so reads never scan workflows."""
-    # add_task's sums, each term computed once for the three keys
-    cost, failed_cost = sign * w.cost_usd, sign * w.failed_attempt_cost_usd
-    tokens = sign * (w.tokens_in + w.tokens_out)
-    attempts, failed = sign * w.attempts, sign * w.failed_attempts
     for key in totals_keys(w):
         a = acc.get(key)
         if a is None:
             a = acc[key] = [0.0] * 6
-        a[0] += sign
-        a[1] += cost
-        a[2] += failed_cost
-        a[3] += tokens
-        a[4] += attempts
-        a[5] += failed
+        add_task(a, w, sign)
 
 
 class OutcomeRecord(msgspec.Struct, frozen=True, gc=False):
