@@ -122,6 +122,33 @@ def test_slow_probe_keeps_it_open() -> None:
     assert [e.reason for e in events] == [BreakerReason.PROBE_SLOW]
 
 
+def _pool_then_slow_result(refresh: float, at: float) -> list[BreakerEvent]:
+    """a, b, c and d answer in 0.1 s twice (to t=0.1); at t=0.2 a, b and c take 1.0 s (their means:
+    0.4 s); then d takes 3.0 s at ``at`` (its mean: 1.07 s, over 5 × 0.1 but not 5 × 0.4)."""
+    cfg = BreakerConfig(latency_min_samples=2, latency_k=5.0, window_s=10, median_refresh_s=refresh)
+    board = BreakerBoard(cfg)
+    events = pool(board, {"a": 0.1, "b": 0.1, "c": 0.1, "d": 0.1}, 2)
+    events += pool(board, {"a": 1.0, "b": 1.0, "c": 1.0}, 1, t0=0.2)
+    return events + list(board.on_result("d", True, 3.0, now=at))
+
+
+def test_pool_median_is_at_most_median_refresh_s_old() -> None:
+    # Fresh, the median is 0.4 s: d is no outlier.
+    assert _pool_then_slow_result(0.0, at=0.2) == []
+    # Within the refresh, d is judged against the median computed at t=0.1 (0.1 s): an outlier.
+    tripped = _pool_then_slow_result(1.0, at=0.2)
+    assert [(e.instance_id, e.reason) for e in tripped] == [("d", BreakerReason.LATENCY_OUTLIER)]
+    # Once the refresh has passed, the median is recomputed first.
+    assert _pool_then_slow_result(1.0, at=1.2) == []
+
+
+def test_pool_median_is_recomputed_when_an_instance_joins() -> None:
+    # The median cached while only a and b counted (None: too few) must not hide c's arrival.
+    board = BreakerBoard(BreakerConfig(latency_min_samples=3, median_refresh_s=30.0))
+    events = pool(board, {"a": 0.1, "b": 0.1, "c": 0.1, "slow": 1.0}, 3)
+    assert [(e.instance_id, e.reason) for e in events] == [("slow", BreakerReason.LATENCY_OUTLIER)]
+
+
 def test_filter_drops_open_and_full_half_open() -> None:
     board = BreakerBoard(BreakerConfig(consecutive_failures=1, cooldown_s=5))
     views = [InstanceView("a"), InstanceView("b"), InstanceView("c")]
@@ -141,6 +168,10 @@ def test_config_validation() -> None:
     with pytest.raises(InvalidPolicyConfig):
         BreakerConfig.from_params({"cooldwn_s": 1})
     assert BreakerConfig.from_params({"half_open_probes": 2}).half_open_probes == 2
+    for refresh in (-0.1, 31.0):  # within [0, window_s]
+        with pytest.raises(InvalidPolicyConfig, match="median_refresh_s"):
+            BreakerConfig.from_params({"median_refresh_s": refresh})
+    assert BreakerConfig.from_params({"median_refresh_s": 0}).median_refresh_s == 0
 
 
 class BreakerMachine(RuleBasedStateMachine):

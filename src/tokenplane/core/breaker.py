@@ -15,7 +15,12 @@ CLOSED opens on the first of:
 * a latency outlier: the instance's mean latency over the window (at least ``latency_min_samples``
   successful results) exceeds ``latency_k`` × the median of the per-instance means of the pool (at
   least ``latency_min_instances`` instances with enough samples). A degraded GPU is slow, not dead,
-  and only this comparison catches it. At most ``max_latency_ejection_fraction`` of the known
+  and only this comparison catches it. The pool median is recomputed at most every
+  ``median_refresh_s`` seconds, and at once whenever an instance starts or stops counting towards it
+  (it reaches ``latency_min_samples`` or falls below, or a breaker moves): each recomputation prunes
+  every instance's window, which per result was more than half of a breaker's cost, while a median
+  of means over a 30 s window moves little in 0.1 s (Envoy's outlier detection, likewise, evaluates
+  its success-rate ejection on an interval). At most ``max_latency_ejection_fraction`` of the known
   instances are held open for latency at once (Envoy's max ejection percent): if the whole pool is
   slow, that is load, not a bad instance. Failures are never capped: if every instance fails, every
   breaker opens and the shell answers fast 503s.
@@ -35,8 +40,8 @@ cooldown reads as HALF_OPEN before anything records it); ``on_attempt`` takes a 
 returns the transitions it caused as :class:`BreakerEvent`s (for metrics and logs).
 :func:`filter_allowed` / :class:`BreakerFilter` prune routing candidates to allowed instances.
 
-Cost: ``on_result`` is O(1) amortised, plus O(instances log instances) for the pool median when the
-instance has enough latency samples; ``allow`` O(1). Memory: 16 bytes per result per instance over
+Cost: ``on_result`` is O(1) amortised, plus O(instances log instances) for the pool median at most
+once per ``median_refresh_s``; ``allow`` O(1). Memory: 16 bytes per result per instance over
 ``window_s`` (:class:`~tokenplane.core.timed_series.TimedSeries`).
 
 Failure modes: a probe whose result is never reported holds its slot forever; the shell must report
@@ -107,6 +112,7 @@ class BreakerConfig(msgspec.Struct, frozen=True):
     cooldown_multiplier: float = 2.0
     max_cooldown_s: float = 60.0
     half_open_probes: int = 1
+    median_refresh_s: float = 0.1
 
     def validate(self) -> BreakerConfig:
         checks = (
@@ -122,6 +128,7 @@ class BreakerConfig(msgspec.Struct, frozen=True):
             (self.cooldown_multiplier >= 1, "cooldown_multiplier must be >= 1"),
             (self.max_cooldown_s >= self.cooldown_s, "max_cooldown_s must be >= cooldown_s"),
             (self.half_open_probes >= 1, "half_open_probes must be >= 1"),
+            (0 <= self.median_refresh_s <= self.window_s, "median_refresh_s must be in [0, window_s]"),
         )
         for ok, why in checks:
             if not ok:
@@ -147,6 +154,7 @@ class BreakerConfig(msgspec.Struct, frozen=True):
             cooldown_multiplier=r.float_("cooldown_multiplier", d.cooldown_multiplier),
             max_cooldown_s=r.float_("max_cooldown_s", d.max_cooldown_s),
             half_open_probes=r.int_("half_open_probes", d.half_open_probes, min_value=1),
+            median_refresh_s=r.float_("median_refresh_s", d.median_refresh_s),
         ).validate()
 
 
@@ -212,6 +220,8 @@ class BreakerBoard:
         self.config = (config or BreakerConfig()).validate()
         self._breakers: dict[InstanceId, _Breaker] = {}
         self._unsettled = 0  # breakers not CLOSED
+        self._median: float | None = None  # the pool median of latency means, as of _median_at
+        self._median_at = -math.inf  # -inf: stale (membership changed), recompute at next use
 
     # ---- pure reads -------------------------------------------------------------------------
 
@@ -250,7 +260,7 @@ class BreakerBoard:
 
     def on_attempt(self, instance_id: InstanceId, *, now: float) -> tuple[BreakerEvent, ...]:
         b = self._breakers.get(instance_id)
-        if b is None:
+        if b is None or b.state is BreakerState.CLOSED:
             return ()
         events: list[BreakerEvent] = []
         self._materialise(instance_id, b, now, events)
@@ -264,7 +274,17 @@ class BreakerBoard:
         b = self._breakers.get(instance_id)
         if b is None:
             b = self._breakers[instance_id] = _Breaker()
-        events: list[BreakerEvent] = []
+        if b.state is BreakerState.CLOSED:  # the usual case: no cooldown to materialise
+            self._record(b, ok, latency_s, now)
+            reason = self._closed_trip(instance_id, b, now)
+            if reason is None:
+                return ()
+            events: list[BreakerEvent] = []
+            b.reopens = 0
+            b.latency_open = reason is BreakerReason.LATENCY_OUTLIER
+            self._open(instance_id, b, now, reason, events)
+            return tuple(events)
+        events = []
         self._materialise(instance_id, b, now, events)
         if b.state is BreakerState.OPEN:
             return tuple(events)
@@ -281,13 +301,6 @@ class BreakerBoard:
                         instance_id, b, BreakerState.CLOSED, BreakerReason.PROBE_SUCCEEDED, now, events
                     )
                     b.reopens = 0
-            return tuple(events)
-        self._record(b, ok, latency_s, now)
-        reason = self._closed_trip(instance_id, b, now)
-        if reason is not None:
-            b.reopens = 0
-            b.latency_open = reason is BreakerReason.LATENCY_OUTLIER
-            self._open(instance_id, b, now, reason, events)
         return tuple(events)
 
     def release(self, instance_id: InstanceId) -> None:
@@ -304,21 +317,28 @@ class BreakerBoard:
         b = self._breakers.pop(instance_id, None)
         if b is not None and b.state is not BreakerState.CLOSED:
             self._unsettled -= 1
+        self._median_at = -math.inf
 
     # ---- internals --------------------------------------------------------------------------
 
     def _record(self, b: _Breaker, ok: bool, latency_s: float | None, now: float) -> None:
+        min_samples = self.config.latency_min_samples
+        counted = b.lat_n >= min_samples
         b.prune(now - self.config.window_s)
-        lat = math.nan if latency_s is None or not ok or not math.isfinite(latency_s) else latency_s
-        b.samples.append(now, lat if ok else _FAILED)
         if ok:
             b.consecutive = 0
-            if not math.isnan(lat):
-                b.lat_sum += lat
+            if latency_s is not None and math.isfinite(latency_s):
+                b.samples.append(now, latency_s)
+                b.lat_sum += latency_s
                 b.lat_n += 1
+            else:
+                b.samples.append(now, math.nan)
         else:
+            b.samples.append(now, _FAILED)
             b.consecutive += 1
             b.failures += 1
+        if (b.lat_n >= min_samples) is not counted:  # it joins or leaves the pool median
+            self._median_at = -math.inf
 
     def _closed_trip(self, instance_id: InstanceId, b: _Breaker, now: float) -> BreakerReason | None:
         cfg = self.config
@@ -328,7 +348,10 @@ class BreakerBoard:
         if n >= cfg.min_requests and b.failures / n >= cfg.error_rate:
             return BreakerReason.ERROR_RATE
         if b.lat_n >= cfg.latency_min_samples:
-            median = self._pool_median(now, exclude=None)
+            median = self._median
+            if not (0.0 <= now - self._median_at < cfg.median_refresh_s):
+                median = self._median = self._pool_median(now, exclude=None)
+                self._median_at = now
             if median is not None and b.mean_latency() > cfg.latency_k * median:
                 held = sum(
                     1
@@ -342,13 +365,17 @@ class BreakerBoard:
     def _pool_median(self, now: float, *, exclude: InstanceId | None) -> float | None:
         cfg = self.config
         horizon = now - cfg.window_s
+        min_samples = cfg.latency_min_samples
         means = []
         for other_id, other in self._breakers.items():
             if other_id == exclude or other.state is not BreakerState.CLOSED:
                 continue
+            counted = other.lat_n >= min_samples
             other.prune(horizon)
-            if other.lat_n >= cfg.latency_min_samples:
+            if other.lat_n >= min_samples:
                 means.append(other.mean_latency())
+            elif counted and exclude is not None:  # it left the pool: the cached median is stale
+                self._median_at = -math.inf
         needed = cfg.latency_min_instances - (1 if exclude is not None else 0)
         n = len(means)
         if n < max(1, needed):
@@ -407,6 +434,7 @@ class BreakerBoard:
         events.append(BreakerEvent(instance_id, b.state, to, reason, at))
         if (b.state is BreakerState.CLOSED) != (to is BreakerState.CLOSED):
             self._unsettled += 1 if b.state is BreakerState.CLOSED else -1
+            self._median_at = -math.inf  # it joins or leaves the pool median
         b.state = to
         b.clear_window()
         b.probes_in_flight = 0
