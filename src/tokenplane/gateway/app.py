@@ -73,7 +73,7 @@ from tokenplane.gateway.fallback import (
     quality_of,
     served_by_header,
 )
-from tokenplane.gateway.fast_front import AnyRequest, FastRequest
+from tokenplane.gateway.fast_front import ANSWERED, AnyRequest, FastRequest
 from tokenplane.gateway.kv_events import KvEventsSubscriber, sources_from_instances
 from tokenplane.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from tokenplane.gateway.path_metrics import PathMetrics
@@ -83,8 +83,8 @@ from tokenplane.gateway.proxy import (
     OUTCOME_UPSTREAM_REJECTED,
     Exchange,
     open_upstream,
+    read_json,
     rejection,
-    relay_json,
 )
 from tokenplane.gateway.request import ASSUMED_OUTPUT_TOKENS, Endpoint, ParsedRequest, parse_request
 from tokenplane.gateway.resilience import Resilience
@@ -354,19 +354,6 @@ class Gateway:
             return max(NO_INSTANCE_RETRY_AFTER_S, board.config.cooldown_s)
         return NO_INSTANCE_RETRY_AFTER_S
 
-    async def _open(
-        self,
-        upstream: Upstream,
-        url: Any,
-        body: bytes,
-        timeout_s: float | None,
-        headers: dict[str, str] | None = None,
-    ) -> Any:
-        assert self.session is not None, "the gateway is not started"
-        return await open_upstream(
-            self.session, upstream, url, body, headers, self.upstream_client, first_byte_s=timeout_s
-        )
-
     async def attempt(
         self,
         request: AnyRequest,
@@ -405,7 +392,11 @@ class Gateway:
         try:
             url = upstream.chat_url if parsed.endpoint == "chat" else upstream.completions_url
             try:
-                resp = await self._open(upstream, url, body, first_byte_s, headers)
+                session = self.session
+                assert session is not None, "the gateway is not started"
+                resp = await open_upstream(
+                    session, upstream, url, body, headers, self.upstream_client, first_byte_s=first_byte_s
+                )
                 upstream.heard_at = time.monotonic()
                 if resp.status != 200:
                     out = await rejection(resp, upstream)  # raises for 5xx and non-OpenAI 4xx
@@ -413,12 +404,12 @@ class Gateway:
                     result = AttemptResult.OK  # the instance works; the request was refused
                     return self._outcome(result, upstream, 0, None), out, None
                 if splicer is None:
-                    out = await relay_json(resp, ex, upstream)
+                    data = await read_json(resp, ex, upstream)
                     clean = True
                     result = AttemptResult.OK
                     upstream.record_success()
                     latency = time.monotonic() - started
-                    await _send_now(request, out, ex)
+                    out = await _send_json(request, data, ex)
                     return self._outcome(result, upstream, 0, latency), out, None
             except UpstreamError as exc:
                 if by_budget and isinstance(exc, UpstreamTimeout):
@@ -903,6 +894,19 @@ def create_app(config: GatewayConfig, *, rng: random.Random | None = None) -> we
         app.router.add_route(method, path, handler)
     app.router.add_route("*", "/{tail:.*}", gw.not_found)
     return app
+
+
+async def _send_json(request: AnyRequest, data: bytes, ex: Exchange) -> web.Response:
+    """Send an instance's JSON answer at once (see :func:`_send_now`); the fast front writes it
+    with no ``web.Response`` made (unless the response cache is to keep it), and the handler
+    returns :data:`~tokenplane.gateway.fast_front.ANSWERED`."""
+    if type(request) is FastRequest and not ex.cacheable:
+        if not request.send_json(data, served_by_header(request)):
+            ex.outcome = OUTCOME_CLIENT_GONE
+        return ANSWERED
+    out = web.Response(body=data, content_type="application/json")
+    await _send_now(request, out, ex)
+    return out
 
 
 async def _send_now(request: AnyRequest, out: web.Response, ex: Exchange) -> None:

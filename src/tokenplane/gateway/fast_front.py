@@ -115,6 +115,22 @@ class FastRequest:
         self.started = self.done = True
         return True
 
+    def send_json(self, body: bytes, extra: dict[str, str] | None = None) -> bool:
+        """Write a 200 JSON answer of ``body`` with no ``web.Response`` made for it (an instance's
+        answer relayed as it came); ``False`` if the client had already gone."""
+        if self.transport.is_closing():
+            return False
+        key = (200, _JSON_HEADERS, tuple(extra.items()) if extra else None)
+        head = _HEADS.get(key)
+        if head is None:
+            head = _keep_head(key, _head(200, _JSON_HEADERS, extra))
+        close = b"" if self.keep_alive else b"Connection: close\r\n"
+        self.transport.write(
+            b"%sDate: %s\r\n%sContent-Length: %d\r\n\r\n%s" % (head, _date.get(), close, len(body), body)
+        )
+        self.started = self.done = True
+        return True
+
 
 AnyRequest = web.Request | FastRequest
 """What the completion handler is given: an aiohttp request, or the fast front's."""
@@ -144,6 +160,18 @@ def _head(status: int, headers: Iterable[tuple[str, str]], extra: dict[str, str]
 
 _HEADS: dict[tuple[Any, ...], bytes] = {}
 _MAX_HEADS = 256  # answers' heads repeat (status, content type, Retry-After): a few dozen kinds
+_JSON_HEADERS = (("Content-Type", "application/json"),)
+
+ANSWERED = web.Response()
+"""What the completion handler returns for an answer :meth:`FastRequest.send_json` already wrote:
+a placeholder nothing reads (the front sees the request started and sends nothing more)."""
+
+
+def _keep_head(key: tuple[Any, ...], head: bytes) -> bytes:
+    if len(_HEADS) >= _MAX_HEADS:
+        _HEADS.clear()
+    _HEADS[key] = head
+    return head
 
 
 def serialize(resp: web.Response, request: FastRequest, extra: dict[str, str] | None = None) -> bytes:
@@ -158,9 +186,7 @@ def serialize(resp: web.Response, request: FastRequest, extra: dict[str, str] | 
     key = (resp.status, items, tuple(extra.items()) if extra else None)
     head = _HEADS.get(key)
     if head is None:
-        if len(_HEADS) >= _MAX_HEADS:
-            _HEADS.clear()
-        head = _HEADS[key] = _head(resp.status, items, extra)
+        head = _keep_head(key, _head(resp.status, items, extra))
     close = b"" if request.keep_alive else b"Connection: close\r\n"
     return b"%sDate: %s\r\n%sContent-Length: %d\r\n\r\n%s" % (head, _date.get(), close, len(body), body)
 
@@ -399,6 +425,7 @@ class FastFront:
 
 
 __all__ = [
+    "ANSWERED",
     "WRITE_HIGH_WATER_BYTES",
     "AnyRequest",
     "FastFront",

@@ -168,9 +168,10 @@ async def rejection(resp: aiohttp.ClientResponse | UpstreamResponse, upstream: U
     raise UpstreamUnavailable(f"instance {upstream.id} answered {status}")
 
 
-async def relay_json(
+async def read_json(
     resp: aiohttp.ClientResponse | UpstreamResponse, ex: Exchange, upstream: Upstream
-) -> web.Response:
+) -> bytes:
+    """An instance's whole JSON answer, as it came (its usage counted into ``ex``)."""
     try:
         data = await resp.read()
     except TimeoutError:
@@ -184,7 +185,7 @@ async def relay_json(
         raise UpstreamProtocolError(f"instance {upstream.id} answered with a body that is not JSON") from None
     if usage is not None:
         ex.completion_tokens = usage.completion_tokens
-    return web.Response(body=data, content_type="application/json")
+    return data
 
 
 def scan_events(buf: bytes, end: int) -> tuple[int, bool, int, tuple[int, int] | None, bool]:
@@ -297,7 +298,7 @@ __all__ = [
     "SseReader",
     "UpstreamError",
     "open_upstream",
+    "read_json",
     "rejection",
-    "relay_json",
     "scan_events",
 ]

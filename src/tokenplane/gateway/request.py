@@ -192,9 +192,9 @@ def parse_request(raw: bytes, endpoint: Endpoint, limits: LimitsConfig) -> Parse
         raise InvalidParameter("'model' is required", param="model", code="missing_required_parameter")
     if type(model) is not str or not model:
         raise _bad("model", "a non-empty string", model)
-    for name, check in _CHECKS.items():
-        v = body.get(name)
-        if v is not None:
+    checks = _CHECKS
+    for name, v in body.items():  # a body names a few of the checked parameters: walk the body
+        if v is not None and (check := checks.get(name)) is not None:
             check(name, v)
     stream = body.get("stream") is True
     if body.get("stream_options") is not None and not stream:

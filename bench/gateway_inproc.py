@@ -1,0 +1,218 @@
+"""The gateway's whole request path in one process, without sockets: CPU per request, steadily.
+
+``bench/gateway_overhead.py`` is the real measure (real sockets, separate processes), but on a
+shared 2-core machine its figures drift by ~30 % between runs, which hides a change of a few
+microseconds; ``bench/gateway_stages.py`` times the pure stages alone, but not what joins them
+(the event loop, tasks, futures, the front, the upstream client, the ledger's batching). This
+script runs everything of ``tokenplane serve`` on the request path: the fast front, the completion
+handler with the same configuration as ``gateway_overhead.py`` (prefix-affinity routing over 4
+instances, admission, breakers, retry plan, the in-memory ledger, metrics) and the hot-path upstream
+client with its HTTP parser. Only the two sockets are replaced by in-memory transports: a client's
+next request is delivered as soon as its answer is written, and an instance "answers" each request
+with prebuilt bytes in the next loop iteration (health checks and scrapes, off the request path, go
+to a real fake upstream process). So the figure is the gateway's own CPU per request, less the
+socket system calls and the kernel's share, with concurrency held constant.
+
+Usage::
+
+    python bench/gateway_inproc.py                     # non-stream, 32 connections
+    python bench/gateway_inproc.py --stream --chunks 64
+    python bench/gateway_inproc.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import _fake_upstream as fake  # noqa: E402
+import gateway_overhead as load  # noqa: E402  (the same config, bodies and fake upstream)
+
+from tokenplane.gateway import create_app, parse_config  # noqa: E402
+from tokenplane.gateway.server import GatewayServer  # noqa: E402
+from tokenplane.gateway.upstream_client import UpstreamClient, _Connection  # noqa: E402
+from tokenplane.runloop import freeze_startup_objects, new_event_loop  # noqa: E402
+
+
+class _Transport:
+    """The least of ``asyncio.Transport`` the front and the client use; writes go to ``on_write``."""
+
+    def __init__(self, on_write: Any) -> None:
+        self.on_write = on_write
+        self.closing = False
+        self.protocol: Any = None
+
+    def write(self, data: bytes) -> None:
+        self.on_write(data)
+
+    def writelines(self, parts: Any) -> None:
+        self.on_write(b"".join(parts))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        if not self.closing:
+            self.closing = True
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_protocol(self, protocol: Any) -> None:
+        raise RuntimeError("a request left the fast front: this bench sends only completions")
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+def _answer(stream: bool, chunks: int) -> list[bytes]:
+    """What an instance sends for one request, as the reads that deliver it (a stream: the head
+    with the first event, then one event per read, as a decoding instance sends them)."""
+    if not stream:
+        return [fake._json_response(chunks)]
+    toks, usage, done = fake._events(chunks)
+    return [fake._SSE_HEAD + toks[0], *toks[1:], usage, done]
+
+
+def _install_fake_instances(answer: list[bytes]) -> None:
+    """The hot-path client's connections answer in memory (the real parser reads the answer), a
+    read per loop iteration."""
+
+    async def connect(self: UpstreamClient, key: tuple[str, int]) -> _Connection:
+        loop = asyncio.get_running_loop()
+        conn = _Connection(loop, key)
+
+        def deliver(i: int) -> None:
+            conn.data_received(answer[i])
+            if i + 1 < len(answer):
+                loop.call_soon(deliver, i + 1)
+
+        t = _Transport(lambda _data: loop.call_soon(deliver, 0))
+        t.protocol = conn
+        conn.connection_made(t)  # type: ignore[arg-type]
+        return conn
+
+    UpstreamClient._connect = connect  # type: ignore[method-assign]
+
+
+async def _drive(gateway_port_config: dict[str, Any], n: int, warmup: int, conc: int, stream: bool) -> float:
+    app = create_app(parse_config(gateway_port_config))
+    app.on_startup.append(freeze_startup_objects)
+    server = GatewayServer(app, "127.0.0.1", 0)
+    await server.start()
+    assert server.front is not None
+    loop = asyncio.get_running_loop()
+    heads, tail = load._bodies(stream, 1200)
+    req_head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer " + load.API_KEY.encode() + b"\r\n"
+    )
+    counter = iter(range(1 << 62))
+    state = {"answered": 0, "bad": 0}
+    done = loop.create_future()
+    end_marker = b"0\r\n\r\n" if stream else b""
+
+    def request() -> bytes:
+        k = next(counter)
+        body = heads[k % load.N_PREFIXES] + str(k).encode() + tail
+        return req_head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+    def client(i: int) -> None:
+        proto = server.front.protocol()  # type: ignore[union-attr]
+        pending = bytearray()
+
+        def on_write(data: bytes) -> None:
+            pending.extend(data)
+            if stream and not pending.endswith(end_marker):
+                return  # the rest of the stream is to come
+            if not pending.startswith(b"HTTP/1.1 200 "):
+                state["bad"] += 1
+            pending.clear()
+            state["answered"] += 1
+            if state["answered"] >= n + warmup:
+                if not done.done():
+                    done.set_result(None)
+                return
+            loop.call_soon(proto.data_received, request())
+
+        t = _Transport(on_write)
+        t.protocol = proto
+        proto.connection_made(t)  # type: ignore[arg-type]
+        proto.data_received(request())
+
+    for i in range(conc):
+        client(i)
+    while state["answered"] < warmup:
+        await asyncio.sleep(0.01)
+    c0 = time.process_time()
+    a0 = state["answered"]
+    await done
+    cpu = time.process_time() - c0
+    measured = state["answered"] - a0
+    await server.close()
+    if state["bad"]:
+        raise SystemExit(f"{state['bad']} answers were not 200: the bench is broken")
+    return cpu / measured * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=20_000, help="measured requests")
+    p.add_argument("--warmup", type=int, default=3_000)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--stream", action="store_true")
+    p.add_argument("--chunks", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3, help="best of this many runs")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    ports = load._free_ports(4)
+    upstream = subprocess.Popen(
+        [sys.executable, str(HERE / "_fake_upstream.py"), "--ports", ",".join(map(str, ports)),
+         "--chunks", str(a.chunks), "--delay-ms", "0"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert upstream.stdout is not None
+        upstream.stdout.readline()  # "ready": health checks find the instances up
+        cfg = load._gateway_config(ports, 0)
+        _install_fake_instances(_answer(a.stream, a.chunks))
+        best = float("inf")
+        for _ in range(a.rounds):
+            loop = new_event_loop()
+            try:
+                best = min(best, loop.run_until_complete(_drive(cfg, a.n, a.warmup, a.concurrency, a.stream)))
+            finally:
+                loop.close()
+            gc.unfreeze()
+            gc.collect()
+        kind = "stream" if a.stream else "non-stream"
+        if a.json:
+            print(json.dumps({"kind": kind, "concurrency": a.concurrency, "cpu_ms_per_req": best}))
+        else:
+            print(
+                f"{kind} c{a.concurrency}: gateway CPU {best * 1e3:.1f} us per request (best of {a.rounds})"
+            )
+    finally:
+        upstream.terminate()
+        upstream.wait()
+
+
+if __name__ == "__main__":
+    main()
