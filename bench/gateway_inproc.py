@@ -13,11 +13,18 @@ with prebuilt bytes in the next loop iteration (health checks and scrapes, off t
 to a real fake upstream process). So the figure is the gateway's own CPU per request, less the
 socket system calls and the kernel's share, with concurrency held constant.
 
+On a noisy machine even this figure drifts by 20-40 % between runs (the host throttles the whole
+VM); ``--instructions`` counts the instructions the process executes instead (under valgrind's
+callgrind: deterministic to about 1 %, but blind to cache misses and system calls), as the
+difference of a short and a long run divided by the requests between them, so that start-up
+cancels out; ``--baseline-src`` counts another checkout's too, side by side.
+
 Usage::
 
     python bench/gateway_inproc.py                     # non-stream, 32 connections
-    python bench/gateway_inproc.py --stream --chunks 64
+    python bench/gateway_inproc.py --stream --chunks 64 --concurrency 256
     python bench/gateway_inproc.py --json
+    python bench/gateway_inproc.py --instructions --baseline-src /tmp/base   # ~2 minutes
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import argparse
 import asyncio
 import gc
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -42,6 +50,8 @@ from tokenplane.gateway import create_app, parse_config  # noqa: E402
 from tokenplane.gateway.server import GatewayServer  # noqa: E402
 from tokenplane.gateway.upstream_client import UpstreamClient, _Connection  # noqa: E402
 from tokenplane.runloop import freeze_startup_objects, new_event_loop  # noqa: E402
+
+DEFAULT_N = 20_000
 
 
 class _Transport:
@@ -172,16 +182,59 @@ async def _drive(gateway_port_config: dict[str, Any], n: int, warmup: int, conc:
     return cpu / measured * 1e3
 
 
+def _instructions(src: Path | None, a: argparse.Namespace) -> float:
+    """Instructions per request: two runs under callgrind (``a.n`` and ``4 * a.n`` requests, at
+    once on two cores), their difference over the requests between them."""
+    import concurrent.futures
+    import os
+
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    if src is not None:
+        env["PYTHONPATH"] = str(src / "src")
+    common = ["--warmup", str(a.warmup), "--rounds", "1", "--concurrency", str(a.concurrency)]
+    common += ["--chunks", str(a.chunks)] + (["--stream"] if a.stream else [])
+
+    def count(n: int) -> int:
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+               str(Path(__file__).resolve()), "--n", str(n), *common]  # fmt: skip
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        for line in proc.stderr.splitlines():
+            if "Collected :" in line:
+                return int(line.rsplit(" ", 1)[1])
+        raise SystemExit(f"callgrind reported no count:\n{proc.stderr[-2000:]}")
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        short, long = pool.map(count, (a.n, 4 * a.n))
+    return (long - short) / (3 * a.n)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=20_000, help="measured requests")
+    p.add_argument("--n", type=int, default=DEFAULT_N, help="measured requests")
     p.add_argument("--warmup", type=int, default=3_000)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--stream", action="store_true")
     p.add_argument("--chunks", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3, help="best of this many runs")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--instructions", action="store_true", help="count instructions under callgrind")
+    p.add_argument("--baseline-src", type=Path, help="with --instructions: another checkout, counted too")
     a = p.parse_args()
+    if a.instructions:
+        if shutil.which("valgrind") is None:
+            raise SystemExit("--instructions needs valgrind (apt install valgrind)")
+        if a.n == DEFAULT_N:
+            a.n, a.warmup = (200, 256) if a.stream else (400, 300)
+        kind = "stream" if a.stream else "non-stream"
+        here = _instructions(None, a)
+        out = {"kind": kind, "concurrency": a.concurrency, "instructions_per_req": here}
+        line = f"{kind} c{a.concurrency}: {here:,.0f} instructions per request"
+        if a.baseline_src is not None:
+            base = _instructions(a.baseline_src, a)
+            out |= {"baseline_instructions_per_req": base, "ratio": here / base}
+            line += f"; baseline {base:,.0f}; ratio {here / base:.3f}"
+        print(json.dumps(out) if a.json else line)
+        return
     ports = load._free_ports(4)
     upstream = subprocess.Popen(
         [sys.executable, str(HERE / "_fake_upstream.py"), "--ports", ",".join(map(str, ports)),
