@@ -71,7 +71,6 @@ from tokenplane.gateway.fallback import (
     FallbackChain,
     FallbackMetrics,
     quality_of,
-    served_by_header,
 )
 from tokenplane.gateway.fast_front import ANSWERED, AnyRequest, FastRequest
 from tokenplane.gateway.kv_events import KvEventsSubscriber, sources_from_instances
@@ -901,7 +900,7 @@ async def _send_json(request: AnyRequest, data: bytes, ex: Exchange) -> web.Resp
     with no ``web.Response`` made (unless the response cache is to keep it), and the handler
     returns :data:`~tokenplane.gateway.fast_front.ANSWERED`."""
     if type(request) is FastRequest and not ex.cacheable:
-        if not request.send_json(data, served_by_header(request)):
+        if not request.send_json(data):
             ex.outcome = OUTCOME_CLIENT_GONE
         return ANSWERED
     out = web.Response(body=data, content_type="application/json")
@@ -916,7 +915,7 @@ async def _send_now(request: AnyRequest, out: web.Response, ex: Exchange) -> Non
     if ex.cacheable:
         out.headers[CACHE_HEADER] = "miss"  # stored by the handler once it is sent
     if type(request) is FastRequest:
-        if not request.send(out, served_by_header(request)):
+        if not request.send(out):
             ex.outcome = OUTCOME_CLIENT_GONE
         return
     assert isinstance(request, web.Request)

@@ -43,7 +43,6 @@ from tokenplane.gateway.errors import (
     UpstreamProtocolError,
     error_event,
 )
-from tokenplane.gateway.fallback import served_by_header
 from tokenplane.gateway.fast_front import WRITE_HIGH_WATER_BYTES, AnyRequest, FastRequest, FastStream, drain
 from tokenplane.gateway.proxy import (
     OUTCOME_CLIENT_GONE,
@@ -162,7 +161,7 @@ class StreamSplicer:
         if out is None:
             request = self.request
             if type(request) is FastRequest:
-                out = self.out = FastStream(request, dict(SSE_HEADERS), served_by_header(request))
+                out = self.out = FastStream(request, dict(SSE_HEADERS))
                 await out.prepare(request)
             else:
                 assert isinstance(request, web.Request)

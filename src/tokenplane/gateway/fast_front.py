@@ -75,12 +75,32 @@ class _Date:
 _date = _Date()
 
 
+ExtraHeaders = Callable[["FastRequest"], "dict[str, str] | None"]
+"""Headers an answer gets from its request's values (the fast front's counterpart of an aiohttp
+``on_response_prepare`` signal): the server's one rule, applied by every way an answer goes out."""
+
+
+def _no_extra(_request: FastRequest) -> dict[str, str] | None:
+    return None
+
+
 class FastRequest:
     """What the completion handler reads of a request: headers, method, path, the whole body,
     and the transport its answer goes to. Like an aiohttp request, it also holds per-request
     values under keys (``request[KEY] = value``)."""
 
-    __slots__ = ("_values", "body", "done", "headers", "keep_alive", "method", "path", "started", "transport")
+    __slots__ = (
+        "_values",
+        "body",
+        "done",
+        "extra_headers",
+        "headers",
+        "keep_alive",
+        "method",
+        "path",
+        "started",
+        "transport",
+    )
 
     def __init__(
         self,
@@ -89,12 +109,14 @@ class FastRequest:
         headers: CIMultiDictProxy[str],
         body: bytes,
         transport: asyncio.Transport,
+        extra_headers: ExtraHeaders = _no_extra,
     ) -> None:
         self.method = method
         self.path = path
         self.headers = headers
         self.body = body
         self.transport = transport
+        self.extra_headers = extra_headers
         conn = headers.get("Connection")
         self.keep_alive = conn is None or "close" not in (t.strip() for t in conn.lower().split(","))
         self.started = False  # the answer's head has been written
@@ -107,27 +129,20 @@ class FastRequest:
     def get(self, key: Any, default: Any = None) -> Any:
         return self._values.get(key, default)
 
-    def send(self, resp: web.Response, extra: dict[str, str] | None = None) -> bool:
+    def send(self, resp: web.Response) -> bool:
         """Write a whole answer (see :func:`serialize`); ``False`` if the client had already gone."""
         if self.transport.is_closing():
             return False
-        self.transport.write(serialize(resp, self, extra))
+        self.transport.write(serialize(resp, self, self.extra_headers(self)))
         self.started = self.done = True
         return True
 
-    def send_json(self, body: bytes, extra: dict[str, str] | None = None) -> bool:
+    def send_json(self, body: bytes) -> bool:
         """Write a 200 JSON answer of ``body`` with no ``web.Response`` made for it (an instance's
         answer relayed as it came); ``False`` if the client had already gone."""
         if self.transport.is_closing():
             return False
-        key = (200, _JSON_HEADERS, tuple(extra.items()) if extra else None)
-        head = _HEADS.get(key)
-        if head is None:
-            head = _keep_head(key, _head(200, _JSON_HEADERS, extra))
-        close = b"" if self.keep_alive else b"Connection: close\r\n"
-        self.transport.write(
-            b"%sDate: %s\r\n%sContent-Length: %d\r\n\r\n%s" % (head, _date.get(), close, len(body), body)
-        )
+        self.transport.write(_message(200, _JSON_HEADERS, self.extra_headers(self), self.keep_alive, body))
         self.started = self.done = True
         return True
 
@@ -167,28 +182,33 @@ ANSWERED = web.Response()
 a placeholder nothing reads (the front sees the request started and sends nothing more)."""
 
 
-def _keep_head(key: tuple[Any, ...], head: bytes) -> bytes:
-    if len(_HEADS) >= _MAX_HEADS:
-        _HEADS.clear()
-    _HEADS[key] = head
-    return head
+def _message(
+    status: int,
+    items: tuple[tuple[str, str], ...],
+    extra: dict[str, str] | None,
+    keep_alive: bool,
+    body: bytes | bytearray,
+) -> bytes:
+    """A whole answer as HTTP/1.1 bytes. The head is built once per kind of answer (status and
+    headers) and kept; Date, Connection and Content-Length are added."""
+    key = (status, items, tuple(extra.items()) if extra else None)
+    head = _HEADS.get(key)
+    if head is None:
+        if len(_HEADS) >= _MAX_HEADS:
+            _HEADS.clear()
+        head = _HEADS[key] = _head(status, items, extra)
+    close = b"" if keep_alive else b"Connection: close\r\n"
+    return b"%sDate: %s\r\n%sContent-Length: %d\r\n\r\n%s" % (head, _date.get(), close, len(body), body)
 
 
 def serialize(resp: web.Response, request: FastRequest, extra: dict[str, str] | None = None) -> bytes:
-    """An aiohttp ``web.Response`` with a bytes body, as HTTP/1.1 bytes. The head is built once per
-    kind of answer (status and headers) and kept; Date, Connection and Content-Length are added."""
+    """An aiohttp ``web.Response`` with a bytes body, as HTTP/1.1 bytes (see :func:`_message`)."""
     body = resp.body
     if body is None:
         body = b""
     if not isinstance(body, bytes | bytearray):
         raise TypeError(f"the fast front sends bytes bodies only, not {type(body).__name__}")
-    items = tuple(resp.headers.items())
-    key = (resp.status, items, tuple(extra.items()) if extra else None)
-    head = _HEADS.get(key)
-    if head is None:
-        head = _keep_head(key, _head(resp.status, items, extra))
-    close = b"" if request.keep_alive else b"Connection: close\r\n"
-    return b"%sDate: %s\r\n%sContent-Length: %d\r\n\r\n%s" % (head, _date.get(), close, len(body), body)
+    return _message(resp.status, tuple(resp.headers.items()), extra, request.keep_alive, body)
 
 
 class FastStream(web.StreamResponse):
@@ -197,11 +217,11 @@ class FastStream(web.StreamResponse):
     chunk, ``write_eof`` the last. Back-pressure as the relay's: above the transport's high-water
     mark, wait for the client."""
 
-    def __init__(self, request: FastRequest, headers: dict[str, str], extra: dict[str, str] | None) -> None:
+    def __init__(self, request: FastRequest, headers: dict[str, str]) -> None:
         super().__init__(headers=headers)
         self.headers["Transfer-Encoding"] = "chunked"
         self._request = request
-        self._extra = extra
+        self._extra = request.extra_headers(request)
         self._head = b""
         self._ended = False
 
@@ -329,8 +349,11 @@ class FrontProtocol(asyncio.Protocol):
         body = bytes(buf[start : start + length])
         del buf[: start + length]
         assert self.transport is not None
-        request = FastRequest("POST", path, CIMultiDictProxy(CIMultiDict(headers)), body, self.transport)
-        self.task = self.front.loop.create_task(self._serve(request, endpoint))
+        front = self.front
+        request = FastRequest(
+            "POST", path, CIMultiDictProxy(CIMultiDict(headers)), body, self.transport, front.extra_headers
+        )
+        self.task = front.loop.create_task(self._serve(request, endpoint))
 
     async def _serve(self, request: FastRequest, endpoint: str) -> None:
         t = request.transport
@@ -341,7 +364,7 @@ class FrontProtocol(asyncio.Protocol):
             elif not request.started and not t.is_closing():
                 if not isinstance(out, web.Response):
                     raise TypeError(f"an unsent {type(out).__name__} from the completion handler")
-                request.send(out, self.front.extra_headers(request))
+                request.send(out)
         except asyncio.CancelledError:
             return
         except Exception:  # the handler maps its own errors; this is a bug, and the answer is lost
@@ -384,7 +407,7 @@ class FastFront:
         handler: Handler,
         aiohttp_protocol: Callable[[], asyncio.Protocol],
         max_body_bytes: int,
-        extra_headers: Callable[[FastRequest], dict[str, str] | None] = lambda _: None,
+        extra_headers: ExtraHeaders = _no_extra,
         keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
     ) -> None:
         self.handler = handler
