@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import json
 import shutil
 import subprocess
@@ -65,9 +66,6 @@ class _Transport:
     def write(self, data: bytes) -> None:
         self.on_write(data)
 
-    def writelines(self, parts: Any) -> None:
-        self.on_write(b"".join(parts))
-
     def is_closing(self) -> bool:
         return self.closing
 
@@ -87,9 +85,6 @@ class _Transport:
 
     def set_protocol(self, protocol: Any) -> None:
         raise RuntimeError("a request left the fast front: this bench sends only completions")
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
 
 
 def _answer(stream: bool, chunks: int) -> list[bytes]:
@@ -122,29 +117,24 @@ def _install_fake_instances(answer: list[bytes]) -> None:
     UpstreamClient._connect = connect  # type: ignore[method-assign]
 
 
-async def _drive(gateway_port_config: dict[str, Any], n: int, warmup: int, conc: int, stream: bool) -> float:
-    app = create_app(parse_config(gateway_port_config))
+async def _drive(config: dict[str, Any], n: int, warmup: int, conc: int, stream: bool) -> float:
+    app = create_app(parse_config(config))
     app.on_startup.append(freeze_startup_objects)
     server = GatewayServer(app, "127.0.0.1", 0)
     await server.start()
     assert server.front is not None
     loop = asyncio.get_running_loop()
     heads, tail = load._bodies(stream, 1200)
-    req_head = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        b"Authorization: Bearer " + load.API_KEY.encode() + b"\r\n"
-    )
-    counter = iter(range(1 << 62))
+    req_head = load._request_head(auth=True)
+    counter = itertools.count()
     state = {"answered": 0, "bad": 0}
     done = loop.create_future()
     end_marker = b"0\r\n\r\n" if stream else b""
 
     def request() -> bytes:
-        k = next(counter)
-        body = heads[k % load.N_PREFIXES] + str(k).encode() + tail
-        return req_head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+        return load._request(req_head, heads, tail, next(counter))
 
-    def client(i: int) -> None:
+    def client() -> None:
         proto = server.front.protocol()  # type: ignore[union-attr]
         pending = bytearray()
 
@@ -167,8 +157,8 @@ async def _drive(gateway_port_config: dict[str, Any], n: int, warmup: int, conc:
         proto.connection_made(t)  # type: ignore[arg-type]
         proto.data_received(request())
 
-    for i in range(conc):
-        client(i)
+    for _ in range(conc):
+        client()
     while state["answered"] < warmup:
         await asyncio.sleep(0.01)
     c0 = time.process_time()

@@ -205,13 +205,23 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def _request_head(auth: bool) -> bytes:
+    """The load generator's request line and headers, without Content-Length."""
+    return b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + (
+        b"Authorization: Bearer " + API_KEY.encode() + b"\r\n" if auth else b""
+    )
+
+
+def _request(head: bytes, heads: list[bytes], tail: bytes, n: int) -> bytes:
+    """Request number ``n`` as it goes on the wire: shared prefix ``n % N_PREFIXES``, its own suffix."""
+    body = heads[n % N_PREFIXES] + str(n).encode() + tail
+    return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
 async def _run_target(target: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
     kind, conc = _scenario(spec["scenario"])
     heads, tail = _bodies(kind != "ns", spec["prompt_chars"])
-    req_head = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        + (b"Authorization: Bearer " + API_KEY.encode() + b"\r\n" if target["auth"] else b"")
-    )
+    req_head = _request_head(target["auth"])
     counter = itertools.count()
     loop = asyncio.get_running_loop()
     state = {"measuring": False, "stop": False}
@@ -229,9 +239,7 @@ async def _run_target(target: dict[str, Any], spec: dict[str, Any]) -> dict[str,
             if conn is None or conn.lost:
                 _, conn = await loop.create_connection(_Conn, "127.0.0.1", ports[i % len(ports)])
                 conn.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
-            n = next(counter)
-            body = heads[n % N_PREFIXES] + str(n).encode() + tail
-            data = req_head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+            data = _request(req_head, heads, tail, next(counter))
             t0 = time.perf_counter()
             try:
                 ok, first, end = await conn.send(data)
