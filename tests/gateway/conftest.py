@@ -71,6 +71,7 @@ class FakeUpstream:
     name: str
     mode: str = "ok"
     tokens: int = 4
+    token_text: str | None = None  # each streamed token's text is f"{i}:{token_text}" (default "tok ")
     token_delay_s: float = 0.0
     answer_delay_s: float = 0.0  # before the response headers (a plain answer's whole generation)
     plain_delay_s: float = 0.0  # the same, for plain (non-stream) answers only
@@ -81,6 +82,7 @@ class FakeUpstream:
     requests: list[dict[str, Any]] = field(default_factory=list)
     raw_requests: list[bytes] = field(default_factory=list)  # the bodies as they came
     disconnects: int = 0
+    events_written: int = 0  # streamed token events whose write returned
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     server: TestServer | None = None
 
@@ -198,14 +200,16 @@ class FakeUpstream:
                     await resp.write(b"data: {this is not json\n\n")
                     continue
                 finish = "stop" if i == self.tokens - 1 else None
+                text = "tok " if self.token_text is None else f"{i}:{self.token_text}"
                 chunk = {
                     "id": f"{self.name}-1",
                     "object": chunk_kind,
                     "created": 0,
                     "model": model,
-                    "choices": [self._choice(chat, "tok ", finish, i == 0)],
+                    "choices": [self._choice(chat, text, finish, i == 0)],
                 }
                 await resp.write(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+                self.events_written += 1
                 if self.token_delay_s:
                     await asyncio.sleep(self.token_delay_s)
             if (body.get("stream_options") or {}).get("include_usage"):

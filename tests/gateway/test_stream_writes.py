@@ -4,6 +4,7 @@ aiohttp's own writer on HTTP/1.0, and back-pressure when the client stops readin
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import msgspec
 import pytest
@@ -35,6 +36,19 @@ async def _raw_stream(port: int, key: str, model: str, version: str, read: bool)
     return head_part, rest
 
 
+def _dechunk(body: bytes) -> bytes:
+    """An HTTP/1.1 chunked body, de-chunked by hand: every frame must be well formed."""
+    parts, pos = [], 0
+    while True:
+        line_end = body.index(b"\r\n", pos)
+        size = int(body[pos:line_end], 16)
+        if size == 0:
+            return b"".join(parts)
+        parts.append(body[line_end + 2 : line_end + 2 + size])
+        assert body[line_end + 2 + size : line_end + 4 + size] == b"\r\n"
+        pos = line_end + 4 + size
+
+
 @pytest.mark.parametrize("version", ["1.1", "1.0"])
 async def test_streams_are_framed_for_the_clients_http_version(upstreams, gateway, names, version) -> None:
     ups = await upstreams(1)
@@ -44,16 +58,7 @@ async def test_streams_are_framed_for_the_clients_http_version(upstreams, gatewa
     assert head.startswith(f"HTTP/{version} 200".encode()), head
     if version == "1.1":
         assert b"Transfer-Encoding: chunked" in head
-        events, pos = [], 0
-        while True:  # de-chunk by hand: every frame must be well formed
-            line_end = body.index(b"\r\n", pos)
-            size = int(body[pos:line_end], 16)
-            if size == 0:
-                break
-            events.append(body[line_end + 2 : line_end + 2 + size])
-            assert body[line_end + 2 + size : line_end + 4 + size] == b"\r\n"
-            pos = line_end + 4 + size
-        text = b"".join(events)
+        text = _dechunk(body)
     else:
         assert b"Transfer-Encoding" not in head  # HTTP/1.0: the body runs to the close
         text = body
@@ -84,3 +89,48 @@ async def test_a_client_that_stops_reading_holds_the_relay_not_the_gateways_memo
     up = gw.server.app[GATEWAY_KEY].pool.get("up-0")
     assert up is not None and up.in_flight == 1  # still relaying, not finished into a buffer
     writer.close()
+
+
+async def test_a_client_that_pauses_a_paced_stream_holds_it_and_then_gets_every_event(
+    upstreams, gateway, names
+) -> None:
+    """Events that arrive one at a time go from the instance's connection straight to the client's
+    transport (the relay's parked path). A client that stops reading stops the relay at the
+    transport's high-water mark and the instance's writes block; when it reads again, every event
+    arrives, in order, and the stream ends with [DONE]."""
+    ups = await upstreams(1)
+    up = ups[0]
+    up.tokens, up.token_text, up.token_delay_s = 1500, "x" * 32_000, 0.0005  # ~48 MB
+    gw = await gateway(ups)
+    body = _body(names.MODEL)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 14)  # no receive window to hide in
+    sock.connect(("127.0.0.1", gw.server.port))
+    sock.setblocking(False)
+    reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (names.KEY.encode(), len(body), body)
+    )
+    await writer.drain()
+    first = await reader.readexactly(64)  # the stream started
+    writer.transport.pause_reading()
+    await asyncio.sleep(2.0)
+    pool_up = gw.server.app[GATEWAY_KEY].pool.get("up-0")
+    assert pool_up is not None and pool_up.in_flight == 1
+    held = up.events_written
+    assert held < up.tokens, "the instance was not held back"
+    writer.transport.resume_reading()
+    raw = first + await asyncio.wait_for(reader.read(), 60)
+    writer.close()
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert b"Transfer-Encoding: chunked" in head
+    data = _dechunk(rest)
+    texts = [
+        msgspec.json.decode(e[6:])["choices"][0]["delta"]["content"]
+        for e in data.split(b"\n\n")
+        if e.startswith(b"data: {")
+    ]
+    assert [int(t.partition(":")[0]) for t in texts] == list(range(1500))
+    assert all(t.endswith("x" * 32_000) for t in texts)
+    assert data.endswith(b"data: [DONE]\n\n")

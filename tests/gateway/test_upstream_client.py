@@ -10,7 +10,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from tokenplane.gateway.upstream_client import HIGH_WATER_BYTES, UpstreamClient, UpstreamConnectionError
+from tokenplane.gateway.upstream_client import (
+    HIGH_WATER_BYTES,
+    SINK_DECLINED,
+    SINK_TAKEN,
+    SINK_TAKEN_WAKE,
+    UpstreamClient,
+    UpstreamConnectionError,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -120,6 +127,113 @@ async def test_chunked_body_is_dechunked_and_read_in_pieces(serve) -> None:
         got.append(data)
     assert b"".join(got) == b"data: a\n\ndata: b\n\ndata: [DONE]\n\n" and len(got) >= 2
     resp.release()
+    await c.close()
+
+
+def paced(parts: list[bytes], gap_s: float, *, end: bool = True, then_s: float = 0.0) -> Handler:
+    """A chunked answer: one part per chunk, ``gap_s`` apart (so that each arrives by itself)."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for part in parts:
+            await asyncio.sleep(gap_s)
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await writer.drain()
+        await asyncio.sleep(then_s)
+        if end:
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        await reader.read()
+
+    return handler
+
+
+class Sink:
+    """Takes pieces until ``answers`` runs out of SINK_TAKEN."""
+
+    def __init__(self, *answers: int) -> None:
+        self.answers = list(answers)
+        self.taken: list[bytes] = []
+
+    def __call__(self, data: bytes) -> int:
+        answer = self.answers.pop(0) if self.answers else SINK_TAKEN
+        if answer != SINK_DECLINED:
+            self.taken.append(data)
+        return answer
+
+
+async def _rest(resp) -> bytes:
+    out = b""
+    while data := await resp.content.readany():
+        out += data
+    return out
+
+
+async def test_a_parked_body_goes_to_the_sink_until_it_declines_then_is_read_in_order(serve) -> None:
+    parts = [b"a" * 10, b"b" * 10, b"c" * 10, b"d" * 10]
+    state = await serve(paced(parts, 0.05))
+    c = client()
+    resp = await c.post("127.0.0.1", state.port, HEAD, b"{}")
+    sink = Sink(SINK_TAKEN, SINK_TAKEN, SINK_DECLINED)
+    w = resp.park(sink)
+    assert w is not None
+    await asyncio.wait_for(w, 2.0)  # woken by the declined piece
+    resp.unpark()
+    assert sink.taken == parts[:2]
+    assert await _rest(resp) == b"c" * 10 + b"d" * 10  # the declined piece first, nothing lost
+    assert sink.taken == parts[:2]  # the sink was not called after it declined
+    resp.release()
+    assert state.connections == 1 and len(c._idle[("127.0.0.1", state.port)]) == 1
+    await c.close()
+
+
+async def test_a_parked_body_wakes_the_reader_when_the_sink_asks_and_at_the_end(serve) -> None:
+    state = await serve(paced([b"a", b"b", b"c"], 0.05))
+    c = client()
+    resp = await c.post("127.0.0.1", state.port, HEAD, b"{}")
+    sink = Sink(SINK_TAKEN_WAKE)
+    w = resp.park(sink)
+    assert w is not None
+    await asyncio.wait_for(w, 2.0)
+    resp.unpark()
+    assert sink.taken == [b"a"]
+    w = resp.park(sink)  # nothing buffered yet: parks again
+    assert w is not None
+    await asyncio.wait_for(w, 2.0)  # the end of the body wakes it
+    resp.unpark()
+    assert sink.taken == [b"a", b"b", b"c"] and resp.park(sink) is None  # ended: read that
+    assert await resp.content.readany() == b""
+    resp.release()
+    assert len(c._idle[("127.0.0.1", state.port)]) == 1  # a whole message: the connection is reused
+    await c.close()
+
+
+async def test_parking_with_something_buffered_returns_none(serve) -> None:
+    state = await serve(paced([b"a", b"b"], 0.05, end=False, then_s=5))
+    c = client()
+    resp = await c.post("127.0.0.1", state.port, HEAD, b"{}")
+    await asyncio.sleep(0.3)  # both pieces buffered
+    assert resp.park(Sink()) is None
+    assert await resp.content.readany() == b"ab"
+    resp.close()
+    await c.close()
+
+
+async def test_a_parked_body_times_out_after_silence_and_each_piece_resets_the_wait(serve) -> None:
+    """Pieces 0.1 s apart for 1 s under a 0.5 s read timeout: no timeout while they come; then
+    silence, and the wait fails with TimeoutError."""
+    state = await serve(paced([b"x"] * 10, 0.1, end=False, then_s=5))
+    c = client(read_timeout_s=0.5)
+    resp = await c.post("127.0.0.1", state.port, HEAD, b"{}")
+    sink = Sink()
+    w = resp.park(sink)
+    assert w is not None
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(w, 3.0)
+    resp.unpark()
+    assert sink.taken == [b"x"] * 10
+    resp.close()
     await c.close()
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -52,7 +53,7 @@ from tokenplane.gateway.proxy import (
     scan_events,
 )
 from tokenplane.gateway.request import ParsedRequest
-from tokenplane.gateway.upstream_client import UpstreamResponse
+from tokenplane.gateway.upstream_client import SINK_DECLINED, SINK_TAKEN, SINK_TAKEN_WAKE, UpstreamResponse
 from tokenplane.gateway.upstreams import Upstream
 
 _decode = msgspec.json.Decoder().decode
@@ -265,9 +266,38 @@ class StreamSplicer:
         base_tokens = self.delivered_tokens
         reader = SseReader(resp, upstream)
         idle_s = self.idle_timeout_s  # armed at the first token
+        sink: Callable[[bytes], int] | None = None
+        if not splice and type(resp) is UpstreamResponse:
+
+            def sink(data: bytes) -> int:
+                """The usual piece, whole token events, straight to the client from the upstream
+                connection's callback (see :meth:`SseReader.park`)."""
+                nonlocal tokens
+                t = self._chunked
+                if t is None or t.is_closing() or not data.endswith(b"\n\n"):
+                    return SINK_DECLINED
+                _fwd, fin, n, _span, malformed = scan_events(data, len(data))
+                if fin or malformed:  # the loop below handles the end, and what is wrong
+                    return SINK_DECLINED
+                self._sent.append(data)
+                t.write(b"%x\r\n%s\r\n" % (len(data), data))
+                tokens += n
+                reader.heard()
+                return SINK_TAKEN_WAKE if t.get_write_buffer_size() > WRITE_HIGH_WATER_BYTES else SINK_TAKEN
+
+        parked = False  # from the first token on, once the client's stream is chunked
         try:
             out = await self._prepare()
             while not done:
+                if parked:
+                    assert sink is not None
+                    stalled = await reader.park(sink)
+                    if stalled is not None:
+                        failure = stalled
+                        break
+                    t = self._chunked
+                    if t is not None and t.get_write_buffer_size() > WRITE_HIGH_WATER_BYTES:
+                        await drain(t)
                 got = await reader.next_batch()
                 if isinstance(got, GatewayError):
                     failure = got
@@ -299,6 +329,7 @@ class StreamSplicer:
                 if malformed:
                     failure = UpstreamProtocolError(f"instance {upstream.id} sent a malformed event")
                     break
+                parked = sink is not None and first_s is not None and self._chunked is not None
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             ex.outcome = OUTCOME_CLIENT_GONE
             return AttemptEnd(None, tokens, first_s, client_gone=True)

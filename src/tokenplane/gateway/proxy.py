@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -258,6 +258,37 @@ class SseReader:
         else:  # an aiohttp response: its read timeout was fixed when it was sent
             self._wrap_s = idle_s
 
+    def _stalled(self) -> UpstreamStalled:
+        upstream = self._upstream
+        return UpstreamStalled(
+            f"instance {upstream.id} stalled mid-stream ({time.monotonic() - self._last_at:.1f} s silent)",
+            busy=upstream.answered_since(self._last_at),
+        )
+
+    def heard(self) -> None:
+        """The instance sent something (a sink took it)."""
+        self._last_at = self._upstream.heard_at = time.monotonic()
+
+    async def park(self, sink: Callable[[bytes], int]) -> UpstreamStalled | None:
+        """Let ``sink`` take the body as it arrives, in the connection's callback (see
+        :meth:`UpstreamResponse.park <tokenplane.gateway.upstream_client.UpstreamResponse.park>`),
+        until it declines a piece, asks to be woken, or the body ends. Returns the stall that
+        ended it, else ``None``: then :meth:`next_batch` reads on (the declined piece, the end or
+        the error). Without a hot-path response, or with a partial event pending, returns at once."""
+        resp = self._resp
+        if type(resp) is not UpstreamResponse or self._pending:
+            return None
+        w = resp.park(sink)
+        if w is None:
+            return None
+        try:
+            await w
+        except TimeoutError:
+            return self._stalled()
+        finally:
+            resp.unpark()
+        return None
+
     async def next_batch(self) -> tuple[bytes, int] | GatewayError:
         upstream = self._upstream
         while True:
@@ -268,11 +299,7 @@ class SseReader:
                     async with asyncio.timeout(self._wrap_s):
                         data = await self._content.readany()
             except TimeoutError:
-                return UpstreamStalled(
-                    f"instance {upstream.id} stalled mid-stream "
-                    f"({time.monotonic() - self._last_at:.1f} s silent)",
-                    busy=upstream.answered_since(self._last_at),
-                )
+                return self._stalled()
             except (aiohttp.ClientError, OSError) as exc:
                 return UpstreamUnavailable(f"instance {upstream.id} broke the stream: {type(exc).__name__}")
             if not data:

@@ -23,17 +23,30 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
-__all__ = ["UpstreamClient", "UpstreamConnectionError", "UpstreamResponse"]
+__all__ = [
+    "SINK_DECLINED",
+    "SINK_TAKEN",
+    "SINK_TAKEN_WAKE",
+    "UpstreamClient",
+    "UpstreamConnectionError",
+    "UpstreamResponse",
+]
 
 HIGH_WATER_BYTES = 1 << 16
 """Buffered body bytes at which the connection stops reading until the relay catches up."""
 MAX_IDLE_PER_HOST = 1024
+SINK_DECLINED = 0
+"""What a parked stream's sink answers: the piece is not taken (buffer it and wake the reader)..."""
+SINK_TAKEN = 1
+"""...taken: keep handing pieces over..."""
+SINK_TAKEN_WAKE = 2
+"""...taken, and wake the reader (a full write buffer to wait on)."""
 
 
 class UpstreamConnectionError(ConnectionError):
@@ -54,10 +67,12 @@ class _Connection(asyncio.Protocol):
         "_raw_headers",
         "_timer",
         "_timer_at",
+        "_wait_s",
         "_waiter",
         "got_bytes",
         "keep_alive",
         "key",
+        "sink",
         "status",
         "transport",
     )
@@ -71,6 +86,7 @@ class _Connection(asyncio.Protocol):
         # One timer per connection, re-armed lazily: a wait only moves the deadline (a stream's
         # every chunk would otherwise arm and cancel a timer of its own).
         self._deadline = 0.0
+        self._wait_s = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._reset()
@@ -86,6 +102,7 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self.got_bytes = False
         self.keep_alive = False
+        self.sink: Callable[[bytes], int] | None = None
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -121,6 +138,17 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        sink = self.sink
+        if sink is not None:
+            taken = sink(body)
+            if taken == SINK_TAKEN:
+                if self._deadline:  # a read: the silence allowed starts again
+                    self._deadline = self._loop.time() + self._wait_s
+                return
+            self.sink = None
+            if taken == SINK_TAKEN_WAKE:
+                self._wake()
+                return
         self._body.append(body)
         self._buffered += len(body)
         if self._buffered > HIGH_WATER_BYTES and not self._paused and self.transport is not None:
@@ -153,6 +181,7 @@ class _Connection(asyncio.Protocol):
         loop = self._loop
         w = self._waiter = loop.create_future()
         if timeout_s is not None:
+            self._wait_s = timeout_s
             self._deadline = deadline = loop.time() + timeout_s
             if self._timer is None or self._timer_at > deadline:
                 if self._timer is not None:
@@ -194,6 +223,18 @@ class _Connection(asyncio.Protocol):
                 raise self._error
             await self._wait(timeout_s)
         return self.take_buffered()
+
+    def park(self, sink: Callable[[bytes], int], timeout_s: float | None) -> asyncio.Future[None] | None:
+        """Hand the body to ``sink`` as it arrives, in the protocol's callback, until it declines
+        a piece; the future completes then (the piece is buffered for :meth:`readany`), or at the
+        message's end, an error, ``timeout_s`` of silence, or when ``sink`` asks to be woken.
+        ``None`` when something is buffered or ended already: read that first.
+
+        This is a stream's usual chunk without a future, a task step and a coroutine resumed."""
+        if self._body or self._complete or self._error is not None:
+            return None
+        self.sink = sink
+        return self._wait(timeout_s)
 
     def take_buffered(self) -> bytes:
         """Every body byte buffered so far, and reading resumed if the buffer had paused it."""
@@ -263,6 +304,13 @@ class UpstreamResponse:
         if conn.complete and conn._error is None:  # the usual JSON answer: all here already
             return conn.take_buffered()  # (resumes a connection the answer's last read paused)
         return await self.content.read()
+
+    def park(self, sink: Callable[[bytes], int]) -> asyncio.Future[None] | None:
+        """:meth:`_Connection.park` with the read timeout."""
+        return self._conn.park(sink, self.content.read_timeout_s)
+
+    def unpark(self) -> None:
+        self._conn.sink = None
 
     def release(self) -> None:
         """Back to the pool if the whole message arrived on a keep-alive connection; else close."""
