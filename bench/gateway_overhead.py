@@ -39,7 +39,8 @@ Usage::
     git worktree add /tmp/base HEAD~5 && python bench/gateway_overhead.py --baseline-src /tmp/base
         # also that commit's gateway, measured just before and just after this one (A/B ratio)
     python bench/gateway_overhead.py --scenarios ns-c32 --baseline-src /tmp/base --ab-rounds 8 --window 3
-        # and 8 interleaved rounds of the two: the median of the per-round ratios
+        # and 8 interleaved rounds of the gateway, the bare proxy and the baseline: the median of
+        # the per-round ratios (gateway/bare, gateway/baseline)
     python bench/gateway_overhead.py --scenarios ns-c32,decode-c256 --server-split
         # also aiohttp's server over tokenplane's client: where the gateway's CPU goes
     python -m venv /tmp/rvenv && /tmp/rvenv/bin/pip install sglang-router vllm-router
@@ -477,16 +478,17 @@ class Fleet:
             raise
 
     def targets(self) -> list[dict[str, Any]]:
+        bare = {"name": "bare", "ports": [self.bare_port], "pid": self.bare.pid, "auth": False}
         out = [
             {"name": "direct", "ports": self.up_ports, "pid": self.upstream.pid, "auth": False},
-            {"name": "bare", "ports": [self.bare_port], "pid": self.bare.pid, "auth": False},
+            bare,
             {"name": "floor", "ports": [self.floor_port], "pid": self.floor.pid, "auth": False},
         ]
         if self.server is not None:
             out.append(
                 {"name": "aio-server", "ports": [self.server_port], "pid": self.server.pid, "auth": False}
             )
-        partners = []  # what the gateway is compared with in interleaved rounds
+        partners = [bare]  # what the gateway is compared with in interleaved rounds
         for name, port, proc in self.routers:  # just before the gateway: the least drift between them
             router = {"name": name, "ports": [port], "pid": proc.pid, "auth": False}
             out.append(router)
@@ -499,7 +501,7 @@ class Fleet:
             around.append(dict(baseline, name="baseline2"))
             partners.insert(0, baseline)
         rounds = []
-        for i in range(self.ab_rounds if self.ab_rounds > 1 and partners else 0):  # order alternating
+        for i in range(self.ab_rounds if self.ab_rounds > 1 else 0):  # order alternating
             group = [dict(t, name=f"ab-{t['name']}-{i}") for t in partners]
             group.append(dict(gateway, name=f"ab-gateway-{i}"))
             rounds += group if i % 2 == 0 else group[::-1]
@@ -576,7 +578,7 @@ def _summarise(name: str, r: dict[str, Any]) -> dict[str, Any]:
         gw = [r[f"ab-gateway-{i}"]["cpu_ms_per_req"] for i in range(n)]
         out["ab_rounds"] = n
         out["ab_gateway_cpu_ms_per_req_median"] = statistics.median(gw)
-        for partner in ("baseline", *ROUTERS):
+        for partner in ("baseline", "bare", *ROUTERS):
             if f"ab-{partner}-0" not in r:
                 continue
             key = partner.replace("-", "_")
@@ -596,8 +598,9 @@ def _summarise(name: str, r: dict[str, Any]) -> dict[str, Any]:
 
 
 def _partner_figures(f: dict[str, float], s: dict[str, Any], unit: str, suffix: str) -> None:
-    """The Rust routers' and the baseline's CPU, and the gateway's over theirs, under flat names."""
-    for key in ("baseline", *(t.replace("-", "_") for t in ROUTERS)):
+    """The Rust routers', the baseline's and the bare proxy's CPU, and the gateway's over theirs,
+    under flat names."""
+    for key in ("baseline", "bare", *(t.replace("-", "_") for t in ROUTERS)):
         ratio = f"cpu_ratio_gateway_over_{key}"
         if f"{key}_cpu_ms_per_req" in s:
             f[f"{key}_cpu_ms_per_{unit}_{suffix}"] = s[f"{key}_cpu_ms_per_req"]
@@ -666,7 +669,7 @@ def _table(res: dict[str, dict[str, Any]], settings: dict[str, Any]) -> str:
                 lines.append(f"{'':<12} gateway/{router} CPU ratio {s[f'cpu_ratio_gateway_over_{key}']:.2f}")
         if "cpu_ratio_gateway_over_baseline" in s:
             lines.append(f"{'':<12} gateway/baseline CPU ratio {s['cpu_ratio_gateway_over_baseline']:.3f}")
-        for partner in ("baseline", *ROUTERS) if "ab_rounds" in s else ():
+        for partner in ("baseline", "bare", *ROUTERS) if "ab_rounds" in s else ():
             key = partner.replace("-", "_")
             if f"cpu_ratio_gateway_over_{key}_median" not in s:
                 continue
@@ -710,9 +713,9 @@ def main() -> None:
         "--ab-rounds",
         type=int,
         default=1,
-        help="with --baseline-src or --routers: also N interleaved rounds of each of them and the "
-        "gateway (order alternating), and the median of the per-round CPU ratios (robust to a "
-        "noisy machine's drift)",
+        help="also N interleaved rounds of the gateway and the bare aiohttp proxy (and of the "
+        "baseline and the routers when given), order alternating, and the median of the per-round "
+        "CPU ratios (robust to a noisy machine's drift)",
     )
     p.add_argument(
         "--routers",

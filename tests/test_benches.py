@@ -1,6 +1,7 @@
-"""The in-process gateway benchmark still drives the real request path: it runs, every answer it
-counts was a 200 (it exits with an error otherwise), and it reports a CPU figure. Nothing is timed
-against a bound here; the figures are the benchmark's to print."""
+"""The gateway benchmarks still run: the in-process one drives the real request path (every answer
+it counts was a 200, or it exits with an error) and reports a CPU figure; ``gateway_overhead.py``
+prints the JSON fields issue 3 names, with interleaved rounds against the bare proxy. Nothing is
+timed against a bound here; the figures are the benchmarks' to print."""
 
 from __future__ import annotations
 
@@ -24,3 +25,30 @@ def test_gateway_inproc_serves_every_request_through_the_front(stream: bool) -> 
     out = json.loads(proc.stdout)
     assert out["kind"] == ("stream" if stream else "non-stream")
     assert out["cpu_ms_per_req"] > 0
+
+
+OVERHEAD = BENCH.with_name("gateway_overhead.py")
+ISSUE_KEYS = (
+    "rps",
+    "gateway_cpu_ms_per_req",
+    "added_ttft_p50_ms",
+    "added_ttft_p99_ms",
+    "added_total_p50_ms",
+    "added_total_p99_ms",
+    "errors",
+)
+
+
+def test_gateway_overhead_json_has_the_issues_fields_and_interleaved_bare_rounds() -> None:
+    """One short scenario of each kind, with 2 interleaved rounds against the bare proxy."""
+    args = [sys.executable, str(OVERHEAD), "--scenarios", "ns-c32,s-c1", "--window", "0.5"]
+    args += ["--warmup", "0.3", "--ab-rounds", "2", "--json"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    for name in ("ns-c32", "s-c1"):
+        s = out[name]
+        assert all(k in s for k in ISSUE_KEYS), sorted(s)
+        assert s["errors"] == 0 and s["rps"] > 0 and s["gateway_cpu_ms_per_req"] > 0
+        assert s["ab_rounds"] == 2 and s["cpu_ratio_gateway_over_bare_median"] > 0
+    assert out["summary"]["cpu_ratio_gateway_over_bare_c32_rounds_median"] > 0
