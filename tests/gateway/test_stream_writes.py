@@ -19,16 +19,20 @@ def _body(model: str) -> bytes:
     return msgspec.json.encode(chat)
 
 
-async def _raw_stream(port: int, key: str, model: str, version: str, read: bool) -> tuple[bytes, bytes]:
-    body = msgspec.json.encode(
-        {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    )
+def _request(key: str, model: str, version: str = "1.1", *, close: bool = True) -> bytes:
+    """A streamed chat request as raw HTTP bytes."""
+    body = _body(model)
+    connection = "Connection: close\r\n" if close else ""
     head = (
         f"POST /v1/chat/completions HTTP/{version}\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode()
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{connection}\r\n"
+    )
+    return head.encode() + body
+
+
+async def _raw_stream(port: int, key: str, model: str, version: str, read: bool) -> tuple[bytes, bytes]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(head + body)
+    writer.write(_request(key, model, version))
     await writer.drain()
     data = await reader.read() if read else b""
     writer.close()
@@ -73,14 +77,8 @@ async def test_a_client_that_stops_reading_holds_the_relay_not_the_gateways_memo
     ups = await upstreams(1)
     ups[0].tokens = 150_000  # ~20 MB of events: over the kernel's socket buffers on the way
     gw = await gateway(ups)
-    body = msgspec.json.encode(
-        {"model": names.MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    )
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.server.port, limit=1 << 10)
-    writer.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (names.KEY.encode(), len(body), body)
-    )
+    writer.write(_request(names.KEY, names.MODEL, close=False))
     await writer.drain()
     await reader.readexactly(64)  # the stream started
     transport = writer.transport
@@ -102,16 +100,12 @@ async def test_a_client_that_pauses_a_paced_stream_holds_it_and_then_gets_every_
     up = ups[0]
     up.tokens, up.token_text, up.token_delay_s = 1500, "x" * 32_000, 0.0005  # ~48 MB
     gw = await gateway(ups)
-    body = _body(names.MODEL)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 14)  # no receive window to hide in
     sock.connect(("127.0.0.1", gw.server.port))
     sock.setblocking(False)
     reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
-    writer.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
-        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (names.KEY.encode(), len(body), body)
-    )
+    writer.write(_request(names.KEY, names.MODEL))
     await writer.drain()
     first = await reader.readexactly(64)  # the stream started
     writer.transport.pause_reading()

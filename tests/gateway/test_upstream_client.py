@@ -108,18 +108,7 @@ async def test_keep_alive_reuses_one_connection_and_sends_the_body(serve) -> Non
 
 
 async def test_chunked_body_is_dechunked_and_read_in_pieces(serve) -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        for part in (b"data: a\n\n", b"data: b\n\n", b"data: [DONE]\n\n"):
-            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
-            await writer.drain()
-            await asyncio.sleep(0.01)
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        await reader.read()  # keep the connection until the client goes
-
-    state = await serve(handler)
+    state = await serve(paced([b"data: a\n\n", b"data: b\n\n", b"data: [DONE]\n\n"], 0.01))
     c = client()
     resp = await c.post("127.0.0.1", state.port, HEAD, b"{}")
     got = []

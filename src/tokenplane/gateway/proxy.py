@@ -304,7 +304,7 @@ class SseReader:
                 return UpstreamUnavailable(f"instance {upstream.id} broke the stream: {type(exc).__name__}")
             if not data:
                 return UpstreamProtocolError(f"instance {upstream.id} closed the stream before [DONE]")
-            self._last_at = upstream.heard_at = time.monotonic()
+            self.heard()
             pending = self._pending
             buf = pending + data if pending else data
             end = buf.rfind(b"\n\n") + 2
