@@ -48,8 +48,9 @@ import _fake_upstream as fake  # noqa: E402
 import gateway_overhead as load  # noqa: E402  (the same config, bodies and fake upstream)
 
 from tokenplane.gateway import create_app, parse_config  # noqa: E402
+from tokenplane.gateway.app import GATEWAY_KEY  # noqa: E402
 from tokenplane.gateway.server import GatewayServer  # noqa: E402
-from tokenplane.gateway.upstream_client import UpstreamClient, _Connection  # noqa: E402
+from tokenplane.gateway.upstream_client import UpstreamClient  # noqa: E402
 from tokenplane.runloop import freeze_startup_objects, new_event_loop  # noqa: E402
 
 DEFAULT_N = 20_000
@@ -96,14 +97,11 @@ def _answer(stream: bool, chunks: int) -> list[bytes]:
     return [fake._SSE_HEAD + toks[0], *toks[1:], usage, done]
 
 
-def _install_fake_instances(answer: list[bytes]) -> None:
-    """The hot-path client's connections answer in memory (the real parser reads the answer), a
-    read per loop iteration."""
+def _in_memory_client(answer: list[bytes]) -> UpstreamClient:
+    """The hot-path client, its connections answered in memory (the real parser reads the
+    answer), a read per loop iteration."""
 
-    async def connect(self: UpstreamClient, key: tuple[str, int]) -> _Connection:
-        loop = asyncio.get_running_loop()
-        conn = _Connection(loop, key)
-
+    async def connect(loop: asyncio.AbstractEventLoop, conn: Any, host: str, port: int) -> None:
         def deliver(i: int) -> None:
             conn.data_received(answer[i])
             if i + 1 < len(answer):
@@ -111,17 +109,19 @@ def _install_fake_instances(answer: list[bytes]) -> None:
 
         t = _Transport(lambda _data: loop.call_soon(deliver, 0))
         t.protocol = conn
-        conn.connection_made(t)  # type: ignore[arg-type]
-        return conn
+        conn.connection_made(t)
 
-    UpstreamClient._connect = connect  # type: ignore[method-assign]
+    return UpstreamClient(connect_timeout_s=None, read_timeout_s=None, connector=connect)
 
 
-async def _drive(config: dict[str, Any], n: int, warmup: int, conc: int, stream: bool) -> float:
+async def _drive(
+    config: dict[str, Any], n: int, warmup: int, conc: int, stream: bool, answer: list[bytes]
+) -> float:
     app = create_app(parse_config(config))
     app.on_startup.append(freeze_startup_objects)
     server = GatewayServer(app, "127.0.0.1", 0)
     await server.start()
+    app[GATEWAY_KEY].upstream_client = _in_memory_client(answer)
     assert server.front is not None
     loop = asyncio.get_running_loop()
     heads, tail = load._bodies(stream, 1200)
@@ -239,12 +239,13 @@ def main() -> None:
         # the figure (under an instruction counter, 50 times slower, they would be 50 times as many).
         cfg["scrape"] = {"interval_s": 3600.0}
         cfg["health"] = {"interval_s": 3600.0}
-        _install_fake_instances(_answer(a.stream, a.chunks))
+        answer = _answer(a.stream, a.chunks)
         best = float("inf")
         for _ in range(a.rounds):
             loop = new_event_loop()
             try:
-                best = min(best, loop.run_until_complete(_drive(cfg, a.n, a.warmup, a.concurrency, a.stream)))
+                drive = _drive(cfg, a.n, a.warmup, a.concurrency, a.stream, answer)
+                best = min(best, loop.run_until_complete(drive))
             finally:
                 loop.close()
             gc.unfreeze()

@@ -735,8 +735,8 @@ class Gateway:
             if tr is not None:
                 tr.set(http__response__status_code=exc.status)
             return error_response(exc)
-        except BaseException as exc:
-            if not isinstance(exc, Exception):  # cancelled: the client went away
+        except BaseException as other:
+            if not isinstance(other, Exception):  # cancelled: the client went away
                 ex.outcome = OUTCOME_CLIENT_GONE
                 raise
             log.exception("unexpected error in the request path")

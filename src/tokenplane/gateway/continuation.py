@@ -255,10 +255,13 @@ class StreamSplicer:
         task = asyncio.get_running_loop().create_task(self._relay(resp, ex, upstream))
         try:
             return await asyncio.shield(task)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             task.cancel()
-            await asyncio.wait([task])
-            raise
+            cancelled = exc
+        # Waited for outside the handler: an await inside an ``except`` block that then re-raises
+        # corrupts memory once compiled by mypyc (the compiled build crashed in tests).
+        await asyncio.wait([task])
+        raise cancelled
 
     async def _relay(
         self, resp: aiohttp.ClientResponse | UpstreamResponse, ex: Exchange, upstream: Upstream

@@ -39,6 +39,7 @@ from tokenplane.gateway.errors import (
 )
 from tokenplane.gateway.upstream_client import UpstreamClient, UpstreamResponse
 from tokenplane.gateway.upstreams import Upstream
+from tokenplane.gateway.wire import decode_usage
 
 if TYPE_CHECKING:
     from tokenplane.gateway.tracing import RequestTrace
@@ -58,18 +59,6 @@ SSE_HEADERS: Mapping[str, str] = {
 OUTCOME_OK = "ok"
 OUTCOME_CLIENT_GONE = "client_disconnected"
 OUTCOME_UPSTREAM_REJECTED = "upstream_rejected"
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class _UsageOnly(msgspec.Struct):
-    usage: _Usage | None = None
-
-
-_decode_usage = msgspec.json.Decoder(_UsageOnly).decode
 
 
 class Exchange:
@@ -180,7 +169,7 @@ async def read_json(
         raise UpstreamUnavailable(f"instance {upstream.id} broke off: {type(exc).__name__}") from None
     upstream.heard_at = time.monotonic()
     try:
-        usage = _decode_usage(data).usage
+        usage = decode_usage(data).usage
     except msgspec.DecodeError:
         raise UpstreamProtocolError(f"instance {upstream.id} answered with a body that is not JSON") from None
     if usage is not None:

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
+from mypy_extensions import mypyc_attr
 
 __all__ = [
     "SINK_DECLINED",
@@ -49,6 +50,7 @@ SINK_TAKEN_WAKE = 2
 """...taken, and wake the reader (a full write buffer to wait on)."""
 
 
+@mypyc_attr(native_class=False)  # an exception class (see setup.py)
 class UpstreamConnectionError(ConnectionError):
     """The instance refused, reset or closed the connection, or sent something that is not HTTP."""
 
@@ -335,14 +337,32 @@ class UpstreamResponse:
             t.close()
 
 
+Connector = Callable[[asyncio.AbstractEventLoop, asyncio.Protocol, str, int], Awaitable[object]]
+"""Opens a connection to ``(host, port)`` whose protocol is the given one (TCP by default; a
+benchmark hands in memory transports instead)."""
+
+
+def _tcp_connector(
+    loop: asyncio.AbstractEventLoop, protocol: asyncio.Protocol, host: str, port: int
+) -> Awaitable[object]:
+    return loop.create_connection(lambda: protocol, host, port)
+
+
 class UpstreamClient:
     """Keep-alive connections per ``(host, port)``; idle ones are reused most-recent first."""
 
-    def __init__(self, *, connect_timeout_s: float | None, read_timeout_s: float | None) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float | None,
+        read_timeout_s: float | None,
+        connector: Connector | None = None,
+    ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._closed = False
+        self._connector = connector or _tcp_connector
 
     def _put(self, conn: _Connection) -> None:
         idle = self._idle.setdefault(conn.key, [])
@@ -356,7 +376,7 @@ class UpstreamClient:
     async def _connect(self, key: tuple[str, int]) -> _Connection:
         loop = asyncio.get_running_loop()
         conn = _Connection(loop, key)
-        coro = loop.create_connection(lambda: conn, key[0], key[1])
+        coro = self._connector(loop, conn, key[0], key[1])
         try:
             if self.connect_timeout_s is None:
                 await coro

@@ -48,14 +48,14 @@ class AsyncLedger:
         self.store = store
         self.max_batch = max_batch
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenplane-ledger")
-        self._inline = not getattr(store, "blocking", True)
+        self._in_loop = not getattr(store, "blocking", True)
         self._pending: list[tuple[LedgerWrite, _Waiter]] = []
         self._flusher: asyncio.Task[None] | None = None
         self.batches = 0
         """Transactions committed so far (for tests and metrics)."""
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._inline:
+        if self._in_loop:
             return fn(*args)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn, *args)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Literal, Protocol
 
 import msgspec
+from mypy_extensions import mypyc_attr
 
 from tokenplane.core.economics import EconomicsSummary, TaskOutcome, add_task, summarize_sums
 from tokenplane.ledger.errors import InvalidLedgerRecord
@@ -143,6 +144,7 @@ class LedgerStore(Protocol):
     def close(self) -> None: ...
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # SqliteLedger is not compiled (setup.py)
 class BaseLedger:
     """The keyword API and the shared rules; subclasses store and read."""
 
