@@ -19,6 +19,8 @@ exec 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 # modules against them (aiohttp's types, pydantic's plugin), and mypyc comes with mypy.
 "${PIP[@]}" install "setuptools>=68" wheel '.[dev]'
 # Not editable: the extension modules go to site-packages, never beside the sources they shadow.
+# A fresh build/ folder: setuptools would otherwise pack what an earlier build left there.
+rm -rf build
 TOKENPLANE_COMPILE=1 "${PIP[@]}" install --no-build-isolation --force-reinstall --no-deps .
 "$VENV/bin/python" - <<'PY'
 import importlib
