@@ -16,10 +16,16 @@ import sys
 from setuptools import setup
 
 # The modules on the gateway's request path (a completion, JSON or stream): each request runs
-# code in all of them. A module here must compile under mypyc's rules: no class that an
-# interpreted one subclasses or patches, no ``runtime_checkable`` protocol, and no msgspec
-# struct that is *decoded* into (mypyc hides union annotations from msgspec; such structs live
-# in ``gateway/wire.py``, which stays interpreted).
+# code in all of them. A module here must keep to what mypyc compiles faithfully:
+# - no class that an interpreted one subclasses or patches (or mark it
+#   ``@mypyc_attr(allow_interpreted_subclasses=True)``, as ``ledger.store.BaseLedger``);
+# - no ``runtime_checkable`` protocol;
+# - no msgspec struct that is decoded into: mypyc hides union annotations from msgspec, so such
+#   structs live in ``gateway/wire.py``, which stays interpreted;
+# - no ``await`` inside an ``except`` block that then re-raises: compiled, it corrupted memory
+#   (see ``StreamSplicer.relay``);
+# - one name per exception type across a ``try``'s ``except`` clauses.
+# CI runs the tests against this build (tests/test_compiled.py checks that they do).
 COMPILED_MODULES = [
     "tokenplane/core/admission.py",
     "tokenplane/core/breaker.py",

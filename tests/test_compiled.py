@@ -1,7 +1,7 @@
 """The compiled build (``setup.py``, ``scripts/build-compiled.sh``): what it compiles, and that a
 test run meant for it runs against it.
 
-CI builds ``.venv-compiled`` and runs the gateway's, core's and ledger's tests with its
+CI builds ``.venv-compiled`` and runs the test suite (less the real-vLLM tests) with its
 interpreter and ``TOKENPLANE_EXPECT_COMPILED=1``; the check below then fails if those tests
 imported the pure modules instead (a source tree ahead on ``sys.path``, a build that compiled
 nothing), so a green run of them means the compiled code passed.

@@ -1,4 +1,5 @@
-"""Typed shapes the gateway decodes from an instance's bytes.
+"""Typed shapes the gateway decodes: from an instance's bytes, and from a client's where a route
+takes a fixed body.
 
 They live apart from the modules that use them because those are compiled with mypyc in the
 compiled build (``setup.py``), and mypyc keeps a union annotation such as ``_Usage | None`` from
@@ -22,3 +23,12 @@ class UsageOnly(msgspec.Struct):
 
 
 decode_usage = msgspec.json.Decoder(UsageOnly).decode
+
+
+class OutcomeBody(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /v1/workflows/{id}/outcome``."""
+
+    outcome: str
+
+
+decode_outcome = msgspec.json.Decoder(OutcomeBody).decode

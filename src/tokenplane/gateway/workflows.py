@@ -46,6 +46,7 @@ from tokenplane.gateway.config import InstanceConfig, LedgerConfig
 from tokenplane.gateway.economics import CostModel, EconomicsMetrics
 from tokenplane.gateway.errors import GatewayError, InvalidParameter, InvalidRequest, MalformedJSON
 from tokenplane.gateway.tenants import Tenant
+from tokenplane.gateway.wire import decode_outcome
 from tokenplane.ledger import (
     AsyncLedger,
     AttemptRecord,
@@ -114,10 +115,6 @@ def strip_hints(body: dict[str, Any]) -> None:
             body["vllm_xargs"] = rest
         else:
             del body["vllm_xargs"]
-
-
-class _Outcome(msgspec.Struct, forbid_unknown_fields=True):
-    outcome: str
 
 
 class AttemptLog:
@@ -340,7 +337,7 @@ class Workflows:
 
     async def set_outcome(self, workflow_id: str, tenant: Tenant, raw: bytes) -> web.Response:
         try:
-            req = msgspec.json.decode(raw, type=_Outcome)
+            req = decode_outcome(raw)
         except msgspec.ValidationError as exc:
             raise InvalidRequest(f"invalid outcome body: {exc}", param="outcome") from None
         except msgspec.DecodeError as exc:
