@@ -66,6 +66,11 @@ BUILDING = {"bdist_wheel", "build", "build_ext", "install"}
 def _ext_modules() -> list[object]:
     if os.environ.get("TOKENPLANE_COMPILE", "") not in ("1", "true", "yes"):
         return []
+    if "editable_wheel" in sys.argv[1:]:
+        raise SystemExit(
+            "TOKENPLANE_COMPILE=1 builds a regular install, not an editable one (the compiled "
+            "modules would shadow the sources you edit): run scripts/build-compiled.sh"
+        )
     if not BUILDING.intersection(sys.argv[1:]):
         return []
     from mypyc.build import mypycify  # only the compiled build needs mypy (and its plugins' packages)
