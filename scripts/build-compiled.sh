@@ -3,7 +3,7 @@
 # request path's modules compiled by mypyc (setup.py's COMPILED_MODULES). Needs a C compiler and
 # Python's headers (both on this machine; Debian: apt-get install gcc python3-dev).
 #
-#   scripts/build-compiled.sh                       # about 3-4 minutes on 2 cores
+#   scripts/build-compiled.sh                       # 4-5 minutes on 2 cores
 #   .venv-compiled/bin/tokenplane serve gateway.yaml
 #   .venv-compiled/bin/pytest tests/gateway         # the tests, run against the compiled modules
 #   COMPILED_VENV=/some/dir scripts/build-compiled.sh
