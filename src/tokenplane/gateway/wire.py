@@ -2,7 +2,7 @@
 takes a fixed body.
 
 They live apart from the modules that use them because those are compiled with mypyc in the
-compiled build (``setup.py``), and mypyc keeps a union annotation such as ``_Usage | None`` from
+compiled build (``setup.py``), and mypyc keeps a union annotation such as ``Usage | None`` from
 msgspec, which then cannot decode into it; this module stays interpreted.
 """
 
