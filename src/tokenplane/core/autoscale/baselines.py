@@ -36,8 +36,8 @@ from tokenplane.core.autoscale.base import AUTOSCALERS
 from tokenplane.core.autoscale.decision import ScaleDecision, ScaleReason
 from tokenplane.core.autoscale.plan import plan_actions
 from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec
+from tokenplane.core.params import ParamReader
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import ParamReader
 
 DEFAULT_HPA_TARGET = 0.7
 DEFAULT_HPA_TOLERANCE = 0.1

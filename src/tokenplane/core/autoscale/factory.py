@@ -17,8 +17,8 @@ from typing import Any
 from tokenplane.core.autoscale.base import AUTOSCALERS, Autoscaler
 from tokenplane.core.autoscale.signals import DEFAULT_COLD_START_S, DEFAULT_WARM_ACTIVATION_S, PoolSpec
 from tokenplane.core.errors import InvalidPolicyConfig
+from tokenplane.core.params import ParamReader
 from tokenplane.core.registry import BuildContext, PluginSpec, build
-from tokenplane.core.routing._params import ParamReader
 
 _POOL_KEYS = (
     "min_instances",

@@ -64,8 +64,8 @@ from tokenplane.core.autoscale.decision import ActionKind, Needs, ScaleDecision,
 from tokenplane.core.autoscale.forecast import holt_forecast
 from tokenplane.core.autoscale.plan import plan_actions
 from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec
+from tokenplane.core.params import ParamReader
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import ParamReader
 
 _EPS = 1e-9
 

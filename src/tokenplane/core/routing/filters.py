@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tokenplane.core.params import ParamReader, no_params
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import ParamReader, no_params
 from tokenplane.core.routing.base import FILTERS
 from tokenplane.core.routing.candidates import usable
 from tokenplane.core.views import InstanceView, RequestInfo

@@ -19,8 +19,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tokenplane.core.params import ParamReader, no_params
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import ParamReader, no_params
 from tokenplane.core.routing.base import PICKERS
 from tokenplane.core.routing.random_choice import draw_index
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from tokenplane.core.params import no_params
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import no_params
 from tokenplane.core.routing.base import SCORERS
 from tokenplane.core.routing.prefix_index import PrefixIndex
 from tokenplane.core.views import InstanceView, RequestInfo

@@ -43,8 +43,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from tokenplane.core.errors import InvalidPolicyConfig
+from tokenplane.core.params import ParamReader
 from tokenplane.core.registry import BuildContext, Family, PluginSpec, build, register
-from tokenplane.core.routing._params import ParamReader
 from tokenplane.core.routing.base import FILTERS, PICKERS, ROUTERS, SCORERS, Filter, Picker, Scorer
 from tokenplane.core.routing.candidates import NO_CANDIDATES, usable
 from tokenplane.core.routing.pickers import MaxScorePicker

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenplane.core.errors import InvalidPolicyConfig
-from tokenplane.core.routing._params import ParamReader
+from tokenplane.core.params import ParamReader
 
 GIB = 1 << 30
 REFERENCE_TFLOPS = 989.0  # H100 dense BF16: the GPU ``prefill_tokens_per_s`` is quoted for

@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tokenplane.core.errors import InvalidPolicyConfig
+from tokenplane.core.params import ParamReader, no_params
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import ParamReader, no_params
 from tokenplane.core.routing.base import FILTERS
 from tokenplane.core.routing.placement.catalogue import DEFAULT_GPUS, GpuCatalogue, catalogue_param
 from tokenplane.core.routing.placement.signals import (

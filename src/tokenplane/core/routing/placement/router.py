@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from tokenplane.core.errors import InvalidPolicyConfig
+from tokenplane.core.params import ParamReader
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import ParamReader
 from tokenplane.core.routing.base import ROUTERS
 from tokenplane.core.routing.weighted import WEIGHTED_PARAMS, WeightedRouter, build_weighted
 

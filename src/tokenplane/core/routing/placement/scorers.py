@@ -52,8 +52,8 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tokenplane.core.params import ParamReader
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import ParamReader
 from tokenplane.core.routing.base import SCORERS
 from tokenplane.core.routing.placement.catalogue import (
     DEFAULT_GPUS,

@@ -28,7 +28,7 @@ import math
 from typing import Any
 
 from tokenplane.core.errors import InvalidPolicyConfig
-from tokenplane.core.routing._params import ParamReader
+from tokenplane.core.params import ParamReader
 from tokenplane.core.routing.placement.catalogue import GIB, GpuCatalogue
 from tokenplane.core.views import InstanceView, RequestInfo
 
