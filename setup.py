@@ -16,7 +16,8 @@ import sys
 from setuptools import setup
 
 # The modules on the gateway's request path (a completion, JSON or stream): each request runs
-# code in all of them. A module here must keep to what mypyc compiles faithfully:
+# code in all of them. A module here must keep to what mypyc compiles faithfully (CONTRIBUTING.md,
+# "The compiled build", says why each rule exists and how to build and test):
 # - no class that an interpreted one subclasses or patches (or mark it
 #   ``@mypyc_attr(allow_interpreted_subclasses=True)``, as ``ledger.store.BaseLedger``);
 # - no ``runtime_checkable`` protocol;

@@ -280,3 +280,29 @@ def test_actuator_failure_is_logged_and_the_loop_goes_on() -> None:
 
     asyncio.run(body())
     assert prom.get_sample_value("tokenplane_autoscaler_errors_total", {"pool": "m", "op": "start"}) == 2
+
+
+def test_the_signal_carries_every_measure_of_the_sample() -> None:
+    """SignalSample and PoolSignal share PoolMeasures' fields; the loop copies all of them."""
+    from tokenplane.core.autoscale.signals import PoolMeasures, PoolSignal
+
+    assert set(PoolMeasures.__struct_fields__) <= set(SignalSample.__struct_fields__)
+    assert set(PoolMeasures.__struct_fields__) <= set(PoolSignal.__struct_fields__)
+    sample = SignalSample(
+        queued=3,
+        arrivals=((0.0, 1.5), (10.0, 2.5)),
+        tokens_per_s_demand=1.0,
+        throughput_rps=2.0,
+        throughput_tps=3.0,
+        ttft_attainment=0.4,
+        tbt_attainment=0.5,
+        ttft_p90_s=0.6,
+        tbt_p90_s=0.7,
+        utilisation=0.8,
+    )
+    assert all(getattr(sample, f) != getattr(PoolMeasures(), f) for f in PoolMeasures.__struct_fields__)
+    loop, *_ = _loop(Clock())
+    signal = loop.signal(sample, {}, now=5.0)
+    assert signal.now == 5.0
+    for field in PoolMeasures.__struct_fields__:
+        assert getattr(signal, field) == getattr(sample, field), field

@@ -10,7 +10,8 @@ Hierarchy::
 
 A decision that cannot be carried out is logged and the loop goes on: the next tick sees the fleet
 as it is and decides again. Expected outcomes (an instance still warming, a drain not yet empty)
-are states, never exceptions.
+are states, never exceptions. A constructor handed an impossible argument (``interval_s <= 0``)
+raises a plain ``ValueError``: a programming error, not a configuration one.
 """
 
 from __future__ import annotations

@@ -327,16 +327,7 @@ class ControlLoop:
             warm=tuple(m.id for m in by_phase[Phase.WARM]),
             warming=tuple(m.id for m in by_phase[Phase.WARMING]),
             draining=tuple(m.id for m in by_phase[Phase.DRAINING] + by_phase[Phase.STOPPING]),
-            queued=queued,
-            arrivals=sample.arrivals,
-            tokens_per_s_demand=sample.tokens_per_s_demand,
-            throughput_rps=sample.throughput_rps,
-            throughput_tps=sample.throughput_tps,
-            ttft_attainment=sample.ttft_attainment,
-            tbt_attainment=sample.tbt_attainment,
-            ttft_p90_s=sample.ttft_p90_s,
-            tbt_p90_s=sample.tbt_p90_s,
-            utilisation=sample.utilisation,
+            **{**sample.measures_kwargs(), "queued": queued},
         )
 
     async def _apply(self, decision: ScaleDecision, now: float) -> dict[str, tuple[str, ...]]:

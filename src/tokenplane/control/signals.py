@@ -1,10 +1,11 @@
 """Where the live loop reads the pool's state: a :class:`SignalSource` returning a :class:`SignalSample`.
 
 A sample is the gateway's half of a :class:`~tokenplane.core.autoscale.PoolSignal`: the instances
-it routes to (draining ones included, so the loop sees when they empty), its admission queue,
-per-bucket arrival rates, recent throughput and SLO attainment. The loop adds the other half (which
-instances are warm, warming, draining) from its own bookkeeping, as the twin's shell does from its
-lifecycle.
+it routes to (draining ones included, so the loop sees when they empty) and the pool's
+:class:`~tokenplane.core.autoscale.signals.PoolMeasures` (its admission queue, per-bucket arrival
+rates, recent throughput and SLO attainment), the very fields the signal carries. The loop adds
+the other half (which instances are warm, warming, draining) from its own bookkeeping, as the
+twin's shell does from its lifecycle.
 
 Two sources:
 
@@ -34,6 +35,7 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokenplane.core.autoscale import RateSample
+from tokenplane.core.autoscale.signals import PoolMeasures
 from tokenplane.core.views import InstanceView
 
 DEFAULT_BUCKET_S = 10.0
@@ -41,20 +43,11 @@ DEFAULT_HISTORY_BUCKETS = 60
 DEFAULT_SLO_WINDOW_S = 60.0
 
 
-class SignalSample(msgspec.Struct, frozen=True):
-    """The gateway's view of one pool at one moment (see the module docstring)."""
+class SignalSample(PoolMeasures, frozen=True):
+    """The gateway's view of one pool at one moment: the :class:`PoolMeasures` (queue, arrivals,
+    throughput, SLO attainment) and the ``instances`` it routes to (see the module docstring)."""
 
     instances: tuple[InstanceView, ...] = ()
-    queued: int = 0
-    arrivals: tuple[RateSample, ...] = ()
-    tokens_per_s_demand: float | None = None
-    throughput_rps: float | None = None
-    throughput_tps: float | None = None
-    ttft_attainment: float | None = None
-    tbt_attainment: float | None = None
-    ttft_p90_s: float | None = None
-    tbt_p90_s: float | None = None
-    utilisation: float | None = None
 
 
 @runtime_checkable

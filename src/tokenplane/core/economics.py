@@ -43,7 +43,7 @@ from typing import Protocol
 
 import msgspec
 
-from tokenplane.core.errors import CoreError
+from tokenplane.core.errors import InvalidCostInput
 
 __all__ = [
     "EconomicsSummary",
@@ -67,10 +67,6 @@ __all__ = [
 ]
 
 SECONDS_PER_HOUR = 3600.0
-
-
-class InvalidCostInput(CoreError, ValueError):
-    """A price, a throughput or a token count that cannot be costed (negative, zero rate, nan)."""
 
 
 class TaskOutcome(StrEnum):

@@ -7,6 +7,7 @@ Hierarchy::
     └── LedgerUnavailable     the backing database cannot be opened or written
 
 A workflow another tenant owns, or one that does not exist, is not an error: reads return ``None``.
+A constructor handed an impossible argument (``max_batch < 1``) raises a plain ``ValueError``.
 """
 
 

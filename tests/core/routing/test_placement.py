@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.registry import BuildContext, PluginSpec, build, names
 from tokenplane.core.routing import WeightedRouter, build_router
+from tokenplane.core.routing.base import FILTERS, SCORERS
 from tokenplane.core.routing.placement import (
     DEFAULT_GPUS,
     GpuCatalogue,
@@ -32,31 +33,15 @@ from tokenplane.core.routing.placement import (
 from tokenplane.core.views import InstanceView, RequestInfo, RouteReason, WorkflowContext
 
 
-class Req(RequestInfo, frozen=True):
-    """RequestInfo with the fields proposed for views.py (read through getattr by the plugins)."""
-
-    latency_budget_s: float | None = None
-    quality_class: str = ""
-    min_gpu_generation: int = 0
-
-
-class Inst(InstanceView, frozen=True):
-    """InstanceView with the fields proposed for views.py."""
-
-    weights: str = "warm"
-    hbm_free_bytes: int = 0
-    predicted_ttft_s: float = 0.0
-
-
 def req(**kw: object) -> RequestInfo:
     kw.setdefault("prompt_tokens", 1000)
     kw.setdefault("max_output_tokens", 200)
     kw.setdefault("model", "m")
-    return Req("r", **kw)  # type: ignore[arg-type]
+    return RequestInfo("r", **kw)  # type: ignore[arg-type]
 
 
 def iv(iid: str, **kw: object) -> InstanceView:
-    return Inst(iid, **kw)  # type: ignore[arg-type]
+    return InstanceView(iid, **kw)  # type: ignore[arg-type]
 
 
 def ids(views: Sequence[InstanceView]) -> list[str]:
@@ -256,7 +241,7 @@ def test_weights_ready_keeps_cold_when_no_warm_instance_could_hold_the_request()
         (iv("a"), 1.0),
         (iv("a", weights="warming"), 0.3),
         (iv("a", weights="COLD"), 0.0),
-        (iv("a", labels={"weights_state": "cold"}), 0.0),  # label, before views.py has the field
+        (iv("a", labels={"weights_state": "cold"}), 0.0),  # an operator-set label
         (iv("a", labels={"weights_state": "loading"}), 0.3),
         (iv("a", weights="warming", labels={"weights_state": "cold"}), 0.3),  # typed field wins
         (iv("a", labels={"weights_state": "???"}), 1.0),  # unknown words read as warm
@@ -441,7 +426,8 @@ def test_seven_axis_bad_params(params: dict[str, object], message: str) -> None:
     ],
 )
 def test_parts_build_through_the_registry(spec: PluginSpec, cls: type) -> None:
-    assert isinstance(build(spec, BuildContext(random.Random())), cls)
+    family = FILTERS if spec.kind == "filter" else SCORERS
+    assert isinstance(build(spec, BuildContext(random.Random()), family), cls)
 
 
 def test_seven_axis_avoids_cold_and_returns_to_the_workflow() -> None:
@@ -489,7 +475,7 @@ labels = st.dictionaries(
     st.sampled_from(["weights_state", "gpu_generation", "hbm_free_gib", "predicted_ttft_s"]), label_values
 )
 views = st.builds(
-    Inst,
+    InstanceView,
     instance_id=st.sampled_from([f"i{k}" for k in range(8)]),
     gpu=st.sampled_from(GPU_NAMES),
     ready=st.booleans(),
@@ -526,7 +512,7 @@ workflows = st.none() | st.builds(
     deadline_s=st.none() | st.floats(-10, 1000),
 )
 requests = st.builds(
-    Req,
+    RequestInfo,
     request_id=st.just("r"),
     model=st.sampled_from(["m", "big"]),
     prompt_tokens=st.integers(0, 8000),
@@ -609,6 +595,6 @@ def test_seven_axis_picks_a_usable_candidate_or_no_candidates(
             router.on_finished(request, d.instance_id, now=t + 0.5)
 
 
-def test_views_subclasses_roundtrip() -> None:
-    """The test-only subclasses stand in for the proposed fields; they stay plain msgspec Structs."""
-    assert msgspec.structs.replace(iv("a", weights="cold"), weights="warm").weights == "warm"  # type: ignore[attr-defined]
+def test_view_fields_roundtrip() -> None:
+    """The placement fields are plain fields of the views (no getattr fallback needed)."""
+    assert msgspec.structs.replace(iv("a", weights="cold"), weights="warm").weights == "warm"

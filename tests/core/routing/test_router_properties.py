@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenplane.core.routing import WeightedRouter, build_router
 from tokenplane.core.routing.base import Router
+from tokenplane.core.routing.placement import WorkflowAffinityScorer
 from tokenplane.core.routing.prefix_affinity import PrefixAffinityRouter
 from tokenplane.core.routing.scorers import (
     KvUsageScorer,
@@ -16,7 +18,7 @@ from tokenplane.core.routing.scorers import (
     PrefixOverlapScorer,
     QueueDepthScorer,
 )
-from tokenplane.core.views import InstanceView, RequestInfo, RouteReason
+from tokenplane.core.views import InstanceView, RequestInfo, RouteReason, WorkflowContext
 
 CONFIGS: list[object] = [
     "round-robin",
@@ -150,3 +152,88 @@ def test_same_seed_same_sequence(
         return out
 
     assert run() == run()
+
+
+# -- forget: every router has it; it drops exactly the forgotten instance's state -----------------
+
+FORGET_CONFIGS: list[object] = [*CONFIGS, {"name": "seven-axis", "params": {"max_blocks_per_instance": 6}}]
+workflow_requests = st.builds(
+    RequestInfo,
+    request_id=st.just("r"),
+    model=st.just("m"),
+    prompt_tokens=st.integers(0, 100),
+    max_output_tokens=st.just(8),
+    block_hashes=requests.map(lambda r: r.block_hashes),
+    workflow=st.none() | st.builds(WorkflowContext, workflow_id=st.sampled_from(["w0", "w1", "w2"])),
+)
+IDS = ["i0", "i1", "i2", "i3"]
+
+
+def per_instance_state(router: Router) -> dict[str, list[object]]:
+    """What a router keeps per instance: prefix-index entries and workflow affinities."""
+    held: dict[str, list[object]] = {}
+    if isinstance(router, PrefixAffinityRouter | WeightedRouter):
+        for iid, entries in router.index.snapshot().items():
+            if entries:
+                held.setdefault(iid, []).append(entries)
+    if isinstance(router, WeightedRouter):
+        for scorer, _ in router.scorers:
+            if isinstance(scorer, WorkflowAffinityScorer):
+                for wid, iid in sorted(scorer.snapshot().items()):
+                    held.setdefault(iid, []).append(wid)
+    return held
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    config=st.sampled_from(FORGET_CONFIGS),
+    history=st.lists(st.tuples(workflow_requests, st.sampled_from(IDS)), max_size=12),
+    victim=st.sampled_from([*IDS, "never-seen"]),
+    seed=st.integers(0, 2**32),
+)
+def test_forget_drops_the_instance_and_nothing_else(
+    config: object, history: list[tuple[RequestInfo, str]], victim: str, seed: int
+) -> None:
+    router = build_router(config, random.Random(seed))  # type: ignore[arg-type]
+    for t, (request, iid) in enumerate(history):
+        router.on_routed(request, iid, now=float(t))
+        router.on_finished(request, iid, now=t + 0.5)
+    before, cursor = per_instance_state(router), state_of(router)
+    if isinstance(router, PrefixAffinityRouter | WeightedRouter):
+        cursor = None  # the index is compared per instance below
+    router.forget(victim)
+    after = per_instance_state(router)
+    assert victim not in after
+    assert after == {iid: state for iid, state in before.items() if iid != victim}
+    if cursor is not None:
+        assert state_of(router) == cursor  # routers without per-instance state: a no-op
+    survivors = [InstanceView(iid) for iid in IDS if iid != victim]
+    d = router.select(RequestInfo("r", "m", 1, 1), survivors, now=100.0)
+    assert d.instance_id in {v.instance_id for v in survivors}
+
+
+@pytest.mark.parametrize(
+    ("config", "prefix_aware"),
+    [
+        ("round-robin", False),
+        ("random", False),
+        ("least-requests", False),
+        ("least-tokens", False),
+        ("power-of-two", False),
+        ("prefix-affinity", True),
+        ("weighted", True),
+        ("seven-axis", True),
+    ],
+)
+def test_forget_table(config: str, prefix_aware: bool) -> None:
+    router = build_router(config, random.Random(0))
+    chain = (11, 12, 13)
+    step = RequestInfo("r", "m", 48, 8, block_hashes=chain, workflow=WorkflowContext("w"))
+    router.on_routed(step, "a", now=0.0)
+    router.on_routed(RequestInfo("s", "m", 48, 8, block_hashes=(21, 22)), "b", now=1.0)
+    assert ("a" in per_instance_state(router)) is prefix_aware
+    router.forget("a")
+    router.forget("a")  # twice, and an unknown one: harmless
+    router.forget("nobody")
+    assert "a" not in per_instance_state(router)
+    assert ("b" in per_instance_state(router)) is prefix_aware

@@ -10,6 +10,7 @@ import pytest
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.registry import BuildContext, PluginSpec, build
 from tokenplane.core.routing import WeightedRouter, build_router
+from tokenplane.core.routing.base import FILTERS, PICKERS, SCORERS
 from tokenplane.core.routing.filters import KvBelowFilter, QueueBelowFilter, ReadyFilter
 from tokenplane.core.routing.pickers import MaxScorePicker, RandomTopPicker
 from tokenplane.core.routing.scorers import (
@@ -195,7 +196,7 @@ def test_weighted_random_top_same_seed_same_sequence() -> None:
         ({"scorers": "kv-usage"}, "must be a list"),
         ({"filters": [{"name": "kv-below", "params": {"max_kv_usage": 2}}]}, "max_kv_usage"),
         ({"filters": [{"name": "queue-below", "params": {"max_waiting": -1}}]}, "max_waiting"),
-        ({"filters": [{"kind": "scorer", "name": "kv-usage"}]}, "expected a filter"),
+        ({"filters": [{"kind": "scorer", "name": "kv-usage"}]}, "expected kind 'filter'"),
         ({"picker": {"name": "random-top", "params": {"top_k": 0}}}, "top_k"),
         ({"picker": {"name": "max-score", "params": {"x": 1}}}, "unknown params"),
         ({"scorer": []}, "unknown params"),
@@ -209,6 +210,8 @@ def test_bad_profiles(params: dict[str, object], message: str) -> None:
 
 def test_parts_build_through_the_registry() -> None:
     ctx = BuildContext(random.Random())
-    assert isinstance(build(PluginSpec("filter", "kv-below", {"max_kv_usage": 0.5}), ctx), KvBelowFilter)
-    assert isinstance(build(PluginSpec("scorer", "kv-usage"), ctx), KvUsageScorer)
-    assert isinstance(build(PluginSpec("picker", "random-top", {"top_k": 4}), ctx), RandomTopPicker)
+    assert isinstance(
+        build(PluginSpec("filter", "kv-below", {"max_kv_usage": 0.5}), ctx, FILTERS), KvBelowFilter
+    )
+    assert isinstance(build(PluginSpec("scorer", "kv-usage"), ctx, SCORERS), KvUsageScorer)
+    assert isinstance(build(PluginSpec("picker", "random-top", {"top_k": 4}), ctx, PICKERS), RandomTopPicker)

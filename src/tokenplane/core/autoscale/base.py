@@ -17,6 +17,7 @@ from typing import Protocol, runtime_checkable
 
 from tokenplane.core.autoscale.decision import ScaleDecision
 from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec
+from tokenplane.core.registry import Family
 
 
 @runtime_checkable
@@ -31,3 +32,7 @@ class Autoscaler(Protocol):
     def decide(self, signal: PoolSignal, spec: PoolSpec, *, now: float) -> ScaleDecision: ...
 
     def commit(self, decision: ScaleDecision, *, now: float) -> None: ...
+
+
+AUTOSCALERS: Family[Autoscaler] = Family("autoscaler", Autoscaler)
+"""The registry's family of autoscaler plugins (``register(AUTOSCALERS, name)``)."""

@@ -32,11 +32,12 @@ from typing import Any
 
 import msgspec
 
+from tokenplane.core.autoscale.base import AUTOSCALERS
 from tokenplane.core.autoscale.decision import ScaleDecision, ScaleReason
 from tokenplane.core.autoscale.plan import plan_actions
 from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec
+from tokenplane.core.params import ParamReader
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import ParamReader
 
 DEFAULT_HPA_TARGET = 0.7
 DEFAULT_HPA_TOLERANCE = 0.1
@@ -177,7 +178,7 @@ class StaticFleet:
         )
 
 
-@register("autoscaler", "hpa")
+@register(AUTOSCALERS, "hpa")
 def _build_hpa(params: Mapping[str, Any], ctx: BuildContext) -> HpaScaler:
     reader = ParamReader(
         "autoscaler 'hpa'", params, ("target_utilisation", "tolerance", "stabilisation_s", "metric")
@@ -192,7 +193,7 @@ def _build_hpa(params: Mapping[str, Any], ctx: BuildContext) -> HpaScaler:
     )
 
 
-@register("autoscaler", "static")
+@register(AUTOSCALERS, "static")
 def _build_static(params: Mapping[str, Any], ctx: BuildContext) -> StaticFleet:
     reader = ParamReader("autoscaler 'static'", params, ("instances",))
     if not reader.has("instances"):

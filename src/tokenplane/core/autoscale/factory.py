@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
-from tokenplane.core.autoscale.base import Autoscaler
+from tokenplane.core.autoscale.base import AUTOSCALERS, Autoscaler
 from tokenplane.core.autoscale.signals import DEFAULT_COLD_START_S, DEFAULT_WARM_ACTIVATION_S, PoolSpec
 from tokenplane.core.errors import InvalidPolicyConfig
+from tokenplane.core.params import ParamReader
 from tokenplane.core.registry import BuildContext, PluginSpec, build
-from tokenplane.core.routing._params import ParamReader
 
 _POOL_KEYS = (
     "min_instances",
@@ -36,9 +36,7 @@ _POOL_KEYS = (
 def build_autoscaler(raw_config: Mapping[str, Any] | str, rng: random.Random | None = None) -> Autoscaler:
     """Parse and build one autoscaler (none of the built-ins uses randomness; ``rng`` is for plugins)."""
     spec = PluginSpec.parse(raw_config, default_kind="autoscaler")
-    if spec.kind != "autoscaler":
-        raise InvalidPolicyConfig(f"expected kind 'autoscaler', got {spec.kind!r} for {spec.name!r}")
-    return cast(Autoscaler, build(spec, BuildContext(rng or random.Random(0))))
+    return build(spec, BuildContext(rng or random.Random(0)), AUTOSCALERS)
 
 
 def parse_pool_spec(raw: Mapping[str, Any], *, owner: str = "pool") -> PoolSpec:

@@ -58,13 +58,14 @@ from typing import Any
 
 import msgspec
 
+from tokenplane.core.autoscale.base import AUTOSCALERS
 from tokenplane.core.autoscale.capacity import DEFAULT_KV_SATURATED, CapacityEstimate
 from tokenplane.core.autoscale.decision import ActionKind, Needs, ScaleDecision, ScaleReason
 from tokenplane.core.autoscale.forecast import holt_forecast
 from tokenplane.core.autoscale.plan import plan_actions
 from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec
+from tokenplane.core.params import ParamReader
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import ParamReader
 
 _EPS = 1e-9
 
@@ -373,7 +374,7 @@ _FLOAT_PARAMS = {
 _BOOL_PARAMS = ("learn_capacity", "park_drained")
 
 
-@register("autoscaler", "tokenplane")
+@register(AUTOSCALERS, "tokenplane")
 def _build(params: Mapping[str, Any], ctx: BuildContext) -> TokenplaneScaler:
     reader = ParamReader("autoscaler 'tokenplane'", params, (*_FLOAT_PARAMS, *_BOOL_PARAMS))
     defaults = TokenplaneParams()

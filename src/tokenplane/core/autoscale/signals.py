@@ -1,4 +1,5 @@
-"""What an autoscaler reads: one pool's measured state (:class:`PoolSignal`) and its fixed shape
+"""What an autoscaler reads: one pool's measured state (:class:`PoolSignal`: the lifecycle's
+instances by state plus the :class:`PoolMeasures` of demand and service) and its fixed shape
 (:class:`PoolSpec`).
 
 Both are frozen ``msgspec.Struct``s built by the shell (the twin from its fleet model, the gateway from
@@ -22,6 +23,7 @@ warm, warming, draining) counts against ``max_instances`` and costs ``cost_per_i
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 
@@ -77,30 +79,24 @@ class PoolSpec(msgspec.Struct, frozen=True):
             raise ValueError(f"ttft_slo_s must be > 0 when set, got {self.ttft_slo_s}")
 
 
-class PoolSignal(msgspec.Struct, frozen=True):
-    """One pool's state at ``now``, as measured by the shell.
+class PoolMeasures(msgspec.Struct, frozen=True):
+    """What a shell measures of one pool's demand and service (the half of a :class:`PoolSignal`
+    that is not lifecycle), so that a shell's sample type can share these fields, not repeat them.
 
-    * ``serving``: instances taking (or about to take, ``ready=False``) traffic, with their
-      ``running``/``waiting``/``kv_usage``; ``warm``/``warming``/``draining``: ids by state.
     * ``queued``: requests held by the gateway (admission queue) and not yet on an instance; the
       backlog the scalers see is ``queued`` plus every serving instance's ``waiting``.
     * ``arrivals``: per-bucket arrival rates, oldest first, complete buckets only, evenly spaced
       (a partial last bucket reads as a drop in demand).
+    * ``tokens_per_s_demand``: tokens per second asked of the pool now.
     * ``throughput_rps``/``throughput_tps``: completions over a recent window (feeds the capacity
       estimator, which divides by the ready serving instances now: measure over a window in which
-      the ready set did not change, or scale to the current ready count);
-    * ``tokens_per_s_demand``: tokens per second asked of the pool now.
+      the ready set did not change, or scale to the current ready count).
     * ``ttft_attainment``/``tbt_attainment``: fraction of recent requests within their SLO
       (``None`` when the window had none); ``*_p90_s``: the window's p90s.
     * ``utilisation``: mean busy fraction of the serving instances (GPU busy time, or running over
       max batch): the metric the HPA baseline scales on; tokenplane's scaler ignores it.
     """
 
-    now: float
-    serving: tuple[InstanceView, ...] = ()
-    warm: tuple[InstanceId, ...] = ()
-    warming: tuple[InstanceId, ...] = ()
-    draining: tuple[InstanceId, ...] = ()
     queued: int = 0
     arrivals: tuple[RateSample, ...] = ()
     tokens_per_s_demand: float | None = None
@@ -111,6 +107,26 @@ class PoolSignal(msgspec.Struct, frozen=True):
     ttft_p90_s: float | None = None
     tbt_p90_s: float | None = None
     utilisation: float | None = None
+
+    def measures_kwargs(self) -> dict[str, Any]:
+        """These fields as keyword arguments (for a :class:`PoolSignal` built from a sample)."""
+        return {name: getattr(self, name) for name in PoolMeasures.__struct_fields__}
+
+
+class PoolSignal(PoolMeasures, frozen=True, kw_only=True):
+    """One pool's state at ``now``, as measured by the shell: its :class:`PoolMeasures` plus
+
+    * ``serving``: instances taking (or about to take, ``ready=False``) traffic, with their
+      ``running``/``waiting``/``kv_usage``; ``warm``/``warming``/``draining``: ids by state.
+
+    Keyword-only (``now`` is required and follows the measures' defaults).
+    """
+
+    now: float
+    serving: tuple[InstanceView, ...] = ()
+    warm: tuple[InstanceId, ...] = ()
+    warming: tuple[InstanceId, ...] = ()
+    draining: tuple[InstanceId, ...] = ()
 
     @property
     def backlog(self) -> int:

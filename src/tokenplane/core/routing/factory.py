@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.registry import BuildContext, PluginSpec, build
-from tokenplane.core.routing.base import Router
+from tokenplane.core.routing.base import ROUTERS, Router
 
 
 def build_router(raw_config: Mapping[str, Any] | str, rng: random.Random) -> Router:
@@ -20,6 +20,4 @@ def build_router(raw_config: Mapping[str, Any] | str, rng: random.Random) -> Rou
     if not isinstance(rng, random.Random):
         raise InvalidPolicyConfig(f"build_router needs a random.Random, got {type(rng).__name__}")
     spec = PluginSpec.parse(raw_config, default_kind="router")
-    if spec.kind != "router":
-        raise InvalidPolicyConfig(f"expected kind 'router', got {spec.kind!r} for {spec.name!r}")
-    return cast(Router, build(spec, BuildContext(rng)))
+    return build(spec, BuildContext(rng), ROUTERS)

@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tokenplane.core.params import ParamReader, no_params
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import ParamReader, no_params
+from tokenplane.core.routing.base import FILTERS
 from tokenplane.core.routing.candidates import usable
 from tokenplane.core.views import InstanceView, RequestInfo
 
@@ -75,19 +76,19 @@ class QueueBelowFilter:
         return candidates if len(kept) == len(candidates) else kept
 
 
-@register("filter", "ready")
+@register(FILTERS, "ready")
 def _build_ready(params: Mapping[str, Any], ctx: BuildContext) -> ReadyFilter:
     no_params("filter 'ready'", params)
     return ReadyFilter()
 
 
-@register("filter", "kv-below")
+@register(FILTERS, "kv-below")
 def _build_kv(params: Mapping[str, Any], ctx: BuildContext) -> KvBelowFilter:
     reader = ParamReader("filter 'kv-below'", params, ("max_kv_usage",))
     return KvBelowFilter(reader.float_("max_kv_usage", DEFAULT_MAX_KV_USAGE, min_value=0.0, max_value=1.0))
 
 
-@register("filter", "queue-below")
+@register(FILTERS, "queue-below")
 def _build_queue(params: Mapping[str, Any], ctx: BuildContext) -> QueueBelowFilter:
     reader = ParamReader("filter 'queue-below'", params, ("max_waiting",))
     return QueueBelowFilter(reader.int_("max_waiting", DEFAULT_MAX_WAITING, min_value=0))

@@ -23,8 +23,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tokenplane.core.params import no_params
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import no_params
+from tokenplane.core.routing.base import ROUTERS
 from tokenplane.core.routing.candidates import NO_CANDIDATES
 from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, RouteDecision, RouteReason
 
@@ -78,6 +79,9 @@ class LeastRequestsRouter:
     def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
         pass
 
+    def forget(self, instance_id: InstanceId) -> None:
+        pass  # no per-instance state: the load is in the views
+
 
 class LeastTokensRouter:
     name = "least-tokens"
@@ -96,14 +100,17 @@ class LeastTokensRouter:
     def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
         pass
 
+    def forget(self, instance_id: InstanceId) -> None:
+        pass  # no per-instance state: the load is in the views
 
-@register("router", "least-requests")
+
+@register(ROUTERS, "least-requests")
 def _build_requests(params: Mapping[str, Any], ctx: BuildContext) -> LeastRequestsRouter:
     no_params("router 'least-requests'", params)
     return LeastRequestsRouter()
 
 
-@register("router", "least-tokens")
+@register(ROUTERS, "least-tokens")
 def _build_tokens(params: Mapping[str, Any], ctx: BuildContext) -> LeastTokensRouter:
     no_params("router 'least-tokens'", params)
     return LeastTokensRouter()

@@ -19,8 +19,9 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tokenplane.core.params import ParamReader, no_params
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import ParamReader, no_params
+from tokenplane.core.routing.base import PICKERS
 from tokenplane.core.routing.random_choice import draw_index
 
 DEFAULT_TOP_K = 2
@@ -50,13 +51,13 @@ class RandomTopPicker:
         return top[draw_index(self._rng, len(top))]
 
 
-@register("picker", "max-score")
+@register(PICKERS, "max-score")
 def _build_max(params: Mapping[str, Any], ctx: BuildContext) -> MaxScorePicker:
     no_params("picker 'max-score'", params)
     return MaxScorePicker()
 
 
-@register("picker", "random-top")
+@register(PICKERS, "random-top")
 def _build_random_top(params: Mapping[str, Any], ctx: BuildContext) -> RandomTopPicker:
     reader = ParamReader("picker 'random-top'", params, ("top_k",))
     return RandomTopPicker(ctx.rng, reader.int_("top_k", DEFAULT_TOP_K, min_value=1))

@@ -26,8 +26,9 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tokenplane.core.params import ParamReader
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import ParamReader
+from tokenplane.core.routing.base import ROUTERS
 from tokenplane.core.routing.candidates import NO_CANDIDATES, usable
 from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, RouteDecision, RouteReason
 
@@ -89,8 +90,11 @@ class PowerOfTwoRouter:
     def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
         pass
 
+    def forget(self, instance_id: InstanceId) -> None:
+        pass  # no per-instance state
 
-@register("router", "power-of-two")
+
+@register(ROUTERS, "power-of-two")
 def _build(params: Mapping[str, Any], ctx: BuildContext) -> PowerOfTwoRouter:
     reader = ParamReader("router 'power-of-two'", params, ("load",))
     return PowerOfTwoRouter(ctx.rng, load=reader.choice("load", DEFAULT_LOAD, LOAD_CHOICES))

@@ -48,8 +48,9 @@ from __future__ import annotations
 from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
+from tokenplane.core.params import ParamReader
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import ParamReader
+from tokenplane.core.routing.base import ROUTERS
 from tokenplane.core.routing.candidates import NO_CANDIDATES
 from tokenplane.core.routing.prefix_index import DEFAULT_MAX_BLOCKS_PER_INSTANCE, PrefixIndex
 from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, RouteDecision, RouteReason
@@ -165,7 +166,7 @@ class PrefixAffinityRouter:
         self.index.forget(instance_id)
 
 
-@register("router", "prefix-affinity")
+@register(ROUTERS, "prefix-affinity")
 def _build(params: Mapping[str, Any], ctx: BuildContext) -> PrefixAffinityRouter:
     reader = ParamReader(
         "router 'prefix-affinity'",

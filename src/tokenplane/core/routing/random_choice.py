@@ -24,8 +24,9 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tokenplane.core.params import no_params
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import no_params
+from tokenplane.core.routing.base import ROUTERS
 from tokenplane.core.routing.candidates import NO_CANDIDATES, usable
 from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, RouteDecision, RouteReason
 
@@ -62,8 +63,11 @@ class RandomRouter:
     def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
         pass
 
+    def forget(self, instance_id: InstanceId) -> None:
+        pass  # no per-instance state
 
-@register("router", "random")
+
+@register(ROUTERS, "random")
 def _build(params: Mapping[str, Any], ctx: BuildContext) -> RandomRouter:
     no_params("router 'random'", params)
     return RandomRouter(ctx.rng)

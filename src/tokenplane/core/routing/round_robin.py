@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tokenplane.core.params import no_params
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import no_params
+from tokenplane.core.routing.base import ROUTERS
 from tokenplane.core.routing.candidates import NO_CANDIDATES, usable
 from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, RouteDecision, RouteReason
 
@@ -58,8 +59,11 @@ class RoundRobinRouter:
     def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
         pass
 
+    def forget(self, instance_id: InstanceId) -> None:
+        pass  # the cursor counts requests, not instances
 
-@register("router", "round-robin")
+
+@register(ROUTERS, "round-robin")
 def _build(params: Mapping[str, Any], ctx: BuildContext) -> RoundRobinRouter:
     no_params("router 'round-robin'", params)
     return RoundRobinRouter()

@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from tokenplane.core.params import no_params
 from tokenplane.core.registry import BuildContext, register
-from tokenplane.core.routing._params import no_params
+from tokenplane.core.routing.base import SCORERS
 from tokenplane.core.routing.prefix_index import PrefixIndex
 from tokenplane.core.views import InstanceView, RequestInfo
 
@@ -84,25 +85,25 @@ class KvUsageScorer:
         return [s if 0.0 <= s <= 1.0 else (1.0 if s > 1.0 else 0.0) for s in scores]  # NaN -> 0
 
 
-@register("scorer", "prefix-overlap")
+@register(SCORERS, "prefix-overlap")
 def _build_prefix(params: Mapping[str, Any], ctx: BuildContext) -> PrefixOverlapScorer:
     no_params("scorer 'prefix-overlap'", params)
     return PrefixOverlapScorer()
 
 
-@register("scorer", "queue-depth")
+@register(SCORERS, "queue-depth")
 def _build_queue(params: Mapping[str, Any], ctx: BuildContext) -> QueueDepthScorer:
     no_params("scorer 'queue-depth'", params)
     return QueueDepthScorer()
 
 
-@register("scorer", "outstanding-tokens")
+@register(SCORERS, "outstanding-tokens")
 def _build_tokens(params: Mapping[str, Any], ctx: BuildContext) -> OutstandingTokensScorer:
     no_params("scorer 'outstanding-tokens'", params)
     return OutstandingTokensScorer()
 
 
-@register("scorer", "kv-usage")
+@register(SCORERS, "kv-usage")
 def _build_kv(params: Mapping[str, Any], ctx: BuildContext) -> KvUsageScorer:
     no_params("scorer 'kv-usage'", params)
     return KvUsageScorer()

@@ -40,12 +40,12 @@ reported signals lag, and a strict ``max-score`` picker herds on stale scores (u
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from tokenplane.core.errors import InvalidPolicyConfig
-from tokenplane.core.registry import BuildContext, PluginSpec, build, register
-from tokenplane.core.routing._params import ParamReader
-from tokenplane.core.routing.base import Filter, Picker, Scorer
+from tokenplane.core.params import ParamReader
+from tokenplane.core.registry import BuildContext, Family, PluginSpec, build, register
+from tokenplane.core.routing.base import FILTERS, PICKERS, ROUTERS, SCORERS, Filter, Picker, Scorer
 from tokenplane.core.routing.candidates import NO_CANDIDATES, usable
 from tokenplane.core.routing.pickers import MaxScorePicker
 from tokenplane.core.routing.prefix_index import DEFAULT_MAX_BLOCKS_PER_INSTANCE, PrefixIndex
@@ -59,6 +59,7 @@ DEFAULT_SCORERS: tuple[Mapping[str, Any], ...] = (
 )
 DEFAULT_PICKER = "max-score"
 _OWNER = "router 'weighted'"
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -160,12 +161,9 @@ def _as_list(value: Any, key: str, owner: str = _OWNER) -> list[Any]:
     return list(value)
 
 
-def _build_part(raw: Any, kind: str, ctx: BuildContext, owner: str = _OWNER) -> Any:
+def _build_part(raw: Any, family: Family[T], ctx: BuildContext, owner: str = _OWNER) -> T:
     try:
-        spec = PluginSpec.parse(raw, default_kind=kind)
-        if spec.kind != kind:
-            raise InvalidPolicyConfig(f"expected a {kind}, got kind {spec.kind!r} in {raw!r}")
-        return build(spec, ctx)
+        return build(PluginSpec.parse(raw, default_kind=family.kind), ctx, family)
     except InvalidPolicyConfig as exc:
         raise InvalidPolicyConfig(f"{owner}: {exc}") from exc
 
@@ -191,7 +189,7 @@ def build_weighted(
     """Build a weighted profile from ``params`` (keys :data:`WEIGHTED_PARAMS`), naming ``owner`` in errors."""
     reader = ParamReader(owner, params, WEIGHTED_PARAMS)
     filter_items = _as_list(reader.raw("filters", list(default_filters)), "filters", owner)
-    filters = [_build_part(f, "filter", ctx, owner) for f in filter_items]
+    filters = [_build_part(f, FILTERS, ctx, owner) for f in filter_items]
     scorer_items = _as_list(reader.raw("scorers", default_scorers), "scorers", owner)
     if not scorer_items:
         raise InvalidPolicyConfig(f"{owner}: param 'scorers' must name at least one scorer")
@@ -199,10 +197,10 @@ def build_weighted(
     for item in scorer_items:
         if isinstance(item, Mapping):
             rest = {k: v for k, v in item.items() if k != "weight"}
-            scorers.append((_build_part(rest, "scorer", ctx, owner), _weight(item, owner)))
+            scorers.append((_build_part(rest, SCORERS, ctx, owner), _weight(item, owner)))
         else:
-            scorers.append((_build_part(item, "scorer", ctx, owner), 1.0))
-    picker = _build_part(reader.raw("picker", DEFAULT_PICKER), "picker", ctx, owner)
+            scorers.append((_build_part(item, SCORERS, ctx, owner), 1.0))
+    picker = _build_part(reader.raw("picker", DEFAULT_PICKER), PICKERS, ctx, owner)
     return WeightedRouter(
         scorers=scorers,
         filters=filters,
@@ -215,6 +213,6 @@ def build_weighted(
     )
 
 
-@register("router", "weighted")
+@register(ROUTERS, "weighted")
 def _build(params: Mapping[str, Any], ctx: BuildContext) -> WeightedRouter:
     return build_weighted(params, ctx)
