@@ -18,8 +18,9 @@ from tokenplane.core.routing import build_router
 from tokenplane.core.task_admission import TaskAwareAdmission
 from tokenplane.core.views import RequestInfo, WorkflowContext
 from tokenplane.sim.admission_shell import AdmissionFleet
-from tokenplane.sim.engine import ContinuousEngine, EngineConfig, Seq
+from tokenplane.sim.engine import ContinuousEngine, EngineConfig
 from tokenplane.sim.faults import ClientSpec
+from tokenplane.sim.fleet import FleetContext
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.records import InstanceRecord, TbtHistogram
 from tokenplane.sim.runner import run_scenario
@@ -42,11 +43,6 @@ def make_fleet(
     loop = EventLoop()
     tbt = TbtHistogram()
     cfg = EngineConfig()
-    holder: list[AdmissionFleet] = []
-
-    def on_finish(seq: Seq, t: float) -> None:
-        holder[0].on_finish(seq, t)
-
     engs = [
         ContinuousEngine(
             f"i{k}",
@@ -54,14 +50,13 @@ def make_fleet(
             fakes.ConstModel(DT),
             schedule=loop.schedule,
             schedule_late=loop.schedule_late,
-            on_finish=on_finish,
             record=InstanceRecord(f"i{k}", "FAKE", "m", 1.0),
             tbt=tbt,
         )
         for k in range(engines)
     ]
     workload = fakes.ListWorkload(list(specs))
-    fleet = AdmissionFleet(
+    ctx = FleetContext(
         loop=loop,
         engines=engs,
         router=build_router("least-requests", random.Random(0)),
@@ -69,11 +64,13 @@ def make_fleet(
         model="m",
         block_size=cfg.block_size,
         tbt=tbt,
+    )
+    fleet = AdmissionFleet(
+        ctx,
         clients=clients,
         admission=AdmissionSettings(**admission),
         prices={e.id: PRICE for e in engs},
     )
-    holder.append(fleet)
     return fleet, workload
 
 

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from tokenplane.core.routing import build_router
 from tokenplane.sim.engine import ContinuousEngine, EngineConfig, Seq
 from tokenplane.sim.faults import ClientSpec, ControlSpec, FaultSpec
+from tokenplane.sim.fleet import FleetContext
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
 from tokenplane.sim.resilience import ControlHooks, CoreControls, ResilientFleet
@@ -83,11 +84,6 @@ def make_resilient(
     loop = EventLoop()
     tbt = TbtHistogram()
     cfg = config or EngineConfig()
-    holder: list[ResilientFleet] = []
-
-    def on_finish(seq: Seq, t: float) -> None:
-        holder[0].on_finish(seq, t)
-
     engs = [
         ContinuousEngine(
             f"i{k}",
@@ -95,13 +91,12 @@ def make_resilient(
             model or fakes.ConstModel(DT),  # type: ignore[arg-type]
             schedule=loop.schedule,
             schedule_late=loop.schedule_late,
-            on_finish=on_finish,
             record=InstanceRecord(f"i{k}", "FAKE", "m", 1.0),
             tbt=tbt,
         )
         for k in range(engines)
     ]
-    fleet = ResilientFleet(
+    ctx = FleetContext(
         loop=loop,
         engines=engs,
         router=build_router(router, random.Random(seed)) if isinstance(router, str) else router,  # type: ignore[arg-type]
@@ -109,13 +104,15 @@ def make_resilient(
         model="m",
         block_size=cfg.block_size,
         tbt=tbt,
+    )
+    fleet = ResilientFleet(
+        ctx,
         clients=clients,
         controls=controls,
         faults=faults,
         hooks=hooks,
         seed=seed,
     )
-    holder.append(fleet)
     h = RHarness(loop, fleet, engs)
     for e in engs:
         original = e.submit

@@ -60,7 +60,7 @@ import msgspec
 
 from tokenplane.core.admission import AdmissionQueue, PriorityClass
 from tokenplane.core.economics import TokenCosts
-from tokenplane.core.retry_budget import RetryBudget
+from tokenplane.core.retry_budget import RetryBudget, first_attempt_cost, retry_cost
 from tokenplane.core.shedding import LoadShedder, TtftPredictor, load_signal
 from tokenplane.core.task_admission import (
     KvWorkingSetLimit,
@@ -73,7 +73,9 @@ from tokenplane.core.task_admission import (
 from tokenplane.core.views import InstanceView, RequestInfo, RouteDecision, RouteReason
 from tokenplane.core.workflow_value import WorkflowValueModel
 from tokenplane.sim.engine import Seq
+from tokenplane.sim.fleet import FleetContext
 from tokenplane.sim.resilience import ResilientFleet, _Pending
+from tokenplane.sim.retry_driver import PlanDriver
 from tokenplane.sim.scenario import AdmissionSettings
 from tokenplane.sim.workloads.base import RequestSpec
 
@@ -101,9 +103,14 @@ def build_admission_policies(
 
 class AdmissionFleet(ResilientFleet):
     def __init__(
-        self, *, admission: AdmissionSettings, prices: Mapping[str, TokenCosts], **kwargs: Any
+        self,
+        ctx: FleetContext,
+        *,
+        admission: AdmissionSettings,
+        prices: Mapping[str, TokenCosts],
+        **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(ctx, **kwargs)
         self.settings = admission
         self.task_aware = admission.policy == "task-aware"
         self.queue, self.shedder, self.policy, self.retry_budget = build_admission_policies(admission)
@@ -157,7 +164,13 @@ class AdmissionFleet(ResilientFleet):
         if wf is not None:
             sunk = self.spend.get(wf.workflow_id, 0.0)
             spec = msgspec.structs.replace(spec, workflow=msgspec.structs.replace(wf, sunk_cost_usd=sunk))
-        self.retry_budget.on_first_attempt(spec.prompt_tokens + spec.output_tokens, now=now)
+        info = RequestInfo(
+            request_id=str(spec.request_id),
+            model=spec.model or self.model,
+            prompt_tokens=spec.prompt_tokens,
+            max_output_tokens=spec.max_output_tokens or spec.output_tokens,
+        )
+        self.retry_budget.on_first_attempt(first_attempt_cost(info), now=now)
         super()._admit(now, spec)
 
     def _used(self, seq: Seq, instance_id: str, *, delivered: bool, finished: bool) -> None:
@@ -191,7 +204,7 @@ class AdmissionFleet(ResilientFleet):
         self._policy_rate = self._rate
 
     # -- the gate ----------------------------------------------------------------------------------
-    def _dispatch(self, p: _Pending, now: float) -> None:
+    def _dispatch(self, now: float, p: _Pending) -> None:
         self._gate(p, now)
 
     def _info(self, p: _Pending, now: float) -> RequestInfo:
@@ -349,7 +362,7 @@ class AdmissionFleet(ResilientFleet):
 
     def _send(self, p: _Pending, info: RequestInfo, now: float) -> None:
         before = self._uid
-        ResilientFleet._dispatch(self, p, now)
+        ResilientFleet._dispatch(self, now, p)
         if self._uid == before:  # not submitted (no instance, too long): release the reservation
             self.queue.on_finish(info, now=now)
 
@@ -382,18 +395,19 @@ class AdmissionFleet(ResilientFleet):
         if not self.policy.retry_worth(info, cost, self.settings.retry_p_success, now=now):
             self.adm["task_retries_not_worth"] += 1
             return False
-        if not self.retry_budget.try_spend(info.prompt_tokens + info.max_output_tokens, now=now).allowed:
+        if not self.retry_budget.try_spend(retry_cost(info, 0), now=now).allowed:
             self.adm["task_retries_over_budget"] += 1
             return False
         self._step_retries[rid] = n + 1
         self.adm["task_retries"] += 1
         p.delivered = 0
         p.seq = None
-        self.loop.schedule(now + self.settings.retry_delay_s, self._regate, p)
+        # The step starts over under a fresh plan of the core's (its first one has ended).
+        self.loop.schedule(now + self.settings.retry_delay_s, self._regate, self._start_plan(p, now))
         return True
 
-    def _regate(self, now: float, p: _Pending) -> None:
-        self._gate(p, now)
+    def _regate(self, now: float, driver: PlanDriver[_Pending]) -> None:
+        driver.start(now)
 
     # -- capacity and the queue ----------------------------------------------------------------------
     def _fresh_views(self) -> list[InstanceView]:
@@ -416,9 +430,7 @@ class AdmissionFleet(ResilientFleet):
         candidates: Sequence[InstanceView] = [
             v for v in self.hooks.filter_views(views, now=now) if v.outstanding_requests < cap
         ]
-        if p.attempt > 1 and self.controls.retry_elsewhere and p.tried:
-            others = [v for v in candidates if v.instance_id not in p.tried]
-            candidates = others or candidates
+        candidates = self._elsewhere(p, candidates)
         if not candidates:
             return RouteDecision(None, RouteReason.NO_CANDIDATES)
         return self.router.select(info, candidates, now=now)

@@ -2,7 +2,12 @@
 
 This is the simulator's counterpart of the gateway: it builds the same :class:`RequestInfo` and
 :class:`InstanceView` values the gateway builds, asks the same router, and carries out the
-decision in virtual time.
+decision in virtual time. Every fleet shell is built from one typed :class:`FleetContext`; the
+engines report finished sequences to the fleet they are bound to (:meth:`Engine.bind`), and a
+listener (the autoscaler) may follow each finish through :attr:`Fleet.after_finish`.
+
+With ``precise_kv`` the fleet fills ``RequestInfo.cached_prefix_tokens`` from each engine's own
+prefix cache (:meth:`Engine.cached_prefix_tokens`), as the gateway does from vLLM's KV events.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any, Protocol
 
 from tokenplane.core.routing.base import Router
 from tokenplane.core.views import InstanceView, RequestInfo, WorkflowContext
-from tokenplane.sim.engine import Seq
+from tokenplane.sim.engine import FinishFn, Seq
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.records import InstanceRecord, InstanceSample, RequestRecord, TbtHistogram
 from tokenplane.sim.workloads.base import RequestSpec, Workload
@@ -25,12 +30,28 @@ class Engine(Protocol):
     id: str
     record: InstanceRecord
 
-    def bind(self, index: int, changed: set[int]) -> None: ...
+    def bind(self, index: int, changed: set[int], on_finish: FinishFn | None = None) -> None: ...
+    def cached_prefix_tokens(self, spec: RequestSpec) -> int: ...
 
     def fits(self, spec: RequestSpec) -> bool: ...
     def submit(self, seq: Seq, now: float) -> None: ...
     def view(self) -> InstanceView: ...
     def busy_seconds(self, now: float) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FleetContext:
+    """What every fleet shell is built from (``runner.simulate`` builds it from a run's settings)."""
+
+    loop: EventLoop
+    engines: Sequence[Engine]
+    router: Router
+    workload: Workload
+    model: str
+    block_size: int
+    tbt: TbtHistogram
+    sample_interval_s: float = 10.0
+    precise_kv: bool = False
 
 
 @dataclass(slots=True)
@@ -44,36 +65,27 @@ class FleetResult:
 
 
 class Fleet:
-    def __init__(
-        self,
-        *,
-        loop: EventLoop,
-        engines: Sequence[Engine],
-        router: Router,
-        workload: Workload,
-        model: str,
-        block_size: int,
-        tbt: TbtHistogram,
-        sample_interval_s: float = 10.0,
-    ) -> None:
-        self.loop = loop
-        self.engines = list(engines)
+    def __init__(self, ctx: FleetContext) -> None:
+        self.loop = ctx.loop
+        self.engines = list(ctx.engines)
         self.by_id = {e.id: e for e in self.engines}
-        self.router = router
-        self.workload = workload
-        self.model = model
-        self.bs = block_size
-        self.tbt = tbt
+        self.router = ctx.router
+        self.workload = ctx.workload
+        self.model = ctx.model
+        self.bs = ctx.block_size
+        self.tbt = ctx.tbt
+        self.precise_kv = ctx.precise_kv
+        self.after_finish: FinishFn | None = None  # called after the fleet's own ``on_finish``
         self._changed: set[int] = set()
         for i, e in enumerate(self.engines):
-            e.bind(i, self._changed)
+            e.bind(i, self._changed, self._finished)
         self.views: list[InstanceView] = [e.view() for e in self.engines]
         self.records: list[RequestRecord] = []
-        self._arrivals: Iterator[RequestSpec] = iter(workload.arrivals())
+        self._arrivals: Iterator[RequestSpec] = iter(ctx.workload.arrivals())
         self._seen_hashes: set[int] = set()
         self._uid = 0
         self._in_flight = 0
-        self._sample_interval = sample_interval_s
+        self._sample_interval = ctx.sample_interval_s
         self._last_busy = [0.0] * len(self.engines)
         self._last_sample_t = 0.0
         self._last_activity = 0.0
@@ -125,6 +137,7 @@ class Fleet:
             workflow=spec.workflow,
             priority=spec.priority,
             latency_budget_s=spec.latency_budget_s,
+            cached_prefix_tokens=self.cached_prefix(spec) if self.precise_kv else None,
         )
         views = self.views
         if self._changed:
@@ -147,6 +160,16 @@ class Fleet:
         self._in_flight += 1
         engine.submit(Seq(self._uid, spec, info, rec, self.bs), now)
 
+    def cached_prefix(self, spec: RequestSpec) -> dict[str, int]:
+        """Exact leading cached prompt tokens of ``spec`` per instance that holds any (precise mode)."""
+        out: dict[str, int] = {}
+        if spec.block_hashes:
+            for e in self.engines:
+                n = e.cached_prefix_tokens(spec)
+                if n:
+                    out[e.id] = n
+        return out
+
     def _prefix_bound(self, spec: RequestSpec) -> int:
         """Prompt tokens one infinite cache shared by the fleet would hold for ``spec``."""
         hashes = spec.block_hashes
@@ -168,6 +191,11 @@ class Fleet:
         rec.reason = reason
         rec.finish_s = None
         self._followups(spec, now, ok=False)
+
+    def _finished(self, seq: Seq, now: float) -> None:
+        self.on_finish(seq, now)
+        if self.after_finish is not None:
+            self.after_finish(seq, now)
 
     def on_finish(self, seq: Seq, now: float) -> None:
         rec = seq.record

@@ -8,28 +8,31 @@ stream was interrupted and recovered.
 Without controls this reproduces the retry cascade of the talk: a slowed instance makes requests
 time out, clients retry at once, the abandoned attempts keep running (nobody cancels them), queues
 deepen everywhere, more requests time out. With controls, the shell cancels work its client
-abandoned, continues interrupted streams on another instance, and consults the core's retry
-budget and breakers (when configured) before each new attempt.
+abandoned, continues interrupted streams on another instance, and consults the core's breakers
+(when configured) before routing.
+
+Whether and when a request gets another attempt is the core's retry plan
+(:func:`tokenplane.core.retry_budget.attempts`), driven by :class:`~tokenplane.sim.retry_driver.PlanDriver`
+exactly as the gateway drives it: this module only reports each attempt's outcome.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
 from tokenplane.core.breaker import BreakerBoard, BreakerConfig, filter_allowed
-from tokenplane.core.retry_budget import RetryBudget
-from tokenplane.core.routing.base import Router
+from tokenplane.core.outcomes import AttemptOutcome, AttemptResult
+from tokenplane.core.retry_budget import PlanResult, RetryReason
 from tokenplane.core.views import InstanceView, RequestInfo, RouteDecision, RouteReason
 from tokenplane.sim.engine import ContinuousEngine, Seq
 from tokenplane.sim.faults import ClientSpec, ControlSpec, FaultSpec
-from tokenplane.sim.fleet import Engine, Fleet
-from tokenplane.sim.kernel import EventLoop
-from tokenplane.sim.records import RequestRecord, TbtHistogram
-from tokenplane.sim.workloads.base import RequestSpec, Workload
+from tokenplane.sim.fleet import Engine, Fleet, FleetContext
+from tokenplane.sim.records import RequestRecord
+from tokenplane.sim.retry_driver import PlanDriver, RetryPlanner
+from tokenplane.sim.workloads.base import RequestSpec
 
 
 class _Pending:
@@ -37,8 +40,10 @@ class _Pending:
 
     __slots__ = (
         "attempt",
+        "cause",
         "delivered",
         "done",
+        "driver",
         "engine",
         "info",
         "lost_at",
@@ -46,7 +51,6 @@ class _Pending:
         "sent_s",
         "seq",
         "spec",
-        "tried",
     )
 
     def __init__(self, spec: RequestSpec, record: RequestRecord) -> None:
@@ -58,19 +62,14 @@ class _Pending:
         self.seq: Seq | None = None
         self.engine: Engine | None = None
         self.info: RequestInfo | None = None
-        self.tried: set[str] = set()
+        self.driver: PlanDriver[_Pending] | None = None  # the core's retry plan for this request
+        self.cause = ""  # why the latest attempt failed: the request's reason if the plan gives up
         self.lost_at: float | None = None
         self.sent_s: float | None = None  # when the client sent the attempt, if it waited before dispatch
 
 
 class ControlHooks:
     """Where core policies plug into the shell; the defaults allow everything."""
-
-    def allow_retry(self, spec: RequestSpec, attempt: int, *, now: float, continuation: bool) -> bool:
-        return True
-
-    def on_first_attempt(self, spec: RequestSpec, *, now: float) -> None:
-        return None
 
     def on_result(self, instance_id: str, ok: bool, latency_s: float | None, *, now: float) -> None:
         return None
@@ -83,27 +82,16 @@ class ControlHooks:
 
 
 class CoreControls(ControlHooks):
-    """The core's breakers and retry budget, fed by the twin exactly as the gateway feeds them."""
+    """The core's breakers, fed by the twin exactly as the gateway feeds them."""
 
-    def __init__(self, board: BreakerBoard | None, budget: RetryBudget | None) -> None:
+    def __init__(self, board: BreakerBoard | None) -> None:
         self.board = board
-        self.budget = budget
         self.events: dict[str, int] = {}
 
     @classmethod
     def from_spec(cls, spec: ControlSpec) -> CoreControls:
         board = BreakerBoard(BreakerConfig.from_params(spec.breaker)) if spec.breaker is not None else None
-        budget = RetryBudget.from_params(spec.retry_budget) if spec.retry_budget is not None else None
-        return cls(board, budget)
-
-    def allow_retry(self, spec: RequestSpec, attempt: int, *, now: float, continuation: bool) -> bool:
-        if self.budget is None:
-            return True
-        return self.budget.try_spend(spec.prompt_tokens + spec.output_tokens, now=now).allowed
-
-    def on_first_attempt(self, spec: RequestSpec, *, now: float) -> None:
-        if self.budget is not None:
-            self.budget.on_first_attempt(spec.prompt_tokens + spec.output_tokens, now=now)
+        return cls(board)
 
     def on_dispatch(self, instance_id: str, *, now: float) -> None:
         if self.board is not None:
@@ -128,36 +116,20 @@ class CoreControls(ControlHooks):
 class ResilientFleet(Fleet):
     def __init__(
         self,
+        ctx: FleetContext,
         *,
-        loop: EventLoop,
-        engines: Sequence[Engine],
-        router: Router,
-        workload: Workload,
-        model: str,
-        block_size: int,
-        tbt: TbtHistogram,
-        sample_interval_s: float = 10.0,
         clients: ClientSpec | None = None,
         controls: ControlSpec | None = None,
         faults: Sequence[FaultSpec] = (),
         hooks: ControlHooks | None = None,
         seed: int = 0,
     ) -> None:
-        super().__init__(
-            loop=loop,
-            engines=engines,
-            router=router,
-            workload=workload,
-            model=model,
-            block_size=block_size,
-            tbt=tbt,
-            sample_interval_s=sample_interval_s,
-        )
+        super().__init__(ctx)
         self.clients = clients or ClientSpec()
         self.controls = controls or ControlSpec()
         self.hooks = hooks or CoreControls.from_spec(self.controls)
         self.faults = list(faults)
-        self._rng = random.Random(f"tokenplane-clients:{seed}")
+        self.planner = RetryPlanner.from_specs(self.clients, self.controls, seed=seed)
         self._pending: dict[int, _Pending] = {}
         self.counters: dict[str, int] = {
             "attempts": 0,
@@ -196,11 +168,42 @@ class ResilientFleet(Fleet):
             prefix_bound_tokens=bound,
         )
         self.records.append(rec)
-        self.hooks.on_first_attempt(spec, now=now)
-        self._dispatch(_Pending(spec, rec), now)
+        self._start_plan(_Pending(spec, rec), now).start(now)
 
-    def _dispatch(self, p: _Pending, now: float) -> None:
+    def _start_plan(self, p: _Pending, now: float) -> PlanDriver[_Pending]:
+        """Open the core's retry plan for ``p`` (a fresh one each time: see the admission shell)."""
+        if p.driver is not None:
+            p.driver.close()
         spec = p.spec
+        info = RequestInfo(
+            request_id=str(spec.request_id),
+            model=spec.model or self.model,
+            prompt_tokens=spec.prompt_tokens,
+            max_output_tokens=spec.max_output_tokens or spec.output_tokens,
+            tenant=spec.tenant,
+        )
+        plan = self.planner.plan(info, now=now)
+        p.driver = PlanDriver(plan, p, loop=self.loop, dispatch=self._dispatch, finish=self._plan_ended)
+        return p.driver
+
+    def _plan_ended(self, now: float, p: _Pending, result: PlanResult) -> None:
+        over_budget = result.reason in (RetryReason.BUDGET_REQUESTS, RetryReason.BUDGET_TOKENS)
+        self._end(p, now, ok=False, reason=f"{p.cause}_retry_denied" if over_budget else p.cause)
+
+    def _report(self, p: _Pending, outcome: AttemptOutcome, cause: str) -> None:
+        """Tell the request's plan how its attempt ended; it dispatches the next one or ends it."""
+        assert p.driver is not None
+        p.cause = cause
+        p.driver.report(outcome)
+
+    def _dispatch(self, now: float, p: _Pending) -> None:
+        if p.done:
+            return
+        spec = p.spec
+        assert p.driver is not None
+        attempt = p.driver.attempt
+        if attempt.number > 1:
+            self.counters["continuations" if attempt.is_continuation else "retries"] += 1
         p.attempt += 1
         p.record.attempts = p.attempt
         self.counters["attempts"] += 1
@@ -224,6 +227,7 @@ class ResilientFleet(Fleet):
             workflow=spec.workflow,
             priority=spec.priority,
             latency_budget_s=spec.latency_budget_s,
+            cached_prefix_tokens=self.cached_prefix(spec) if self.precise_kv else None,
         )
         decision = self._route(info, p, now)
         rec = p.record
@@ -243,7 +247,6 @@ class ResilientFleet(Fleet):
         attempt_rec.instance_id = engine.id
         seq = Seq(self._uid, spec, info, attempt_rec, self.bs)
         p.seq, p.engine, p.info = seq, engine, info
-        p.tried.add(engine.id)
         self._pending[seq.uid] = p
         self.hooks.on_dispatch(engine.id, now=now)
         engine.submit(seq, now)
@@ -268,12 +271,18 @@ class ResilientFleet(Fleet):
                 views[i] = self.engines[i].view()
             self._changed.clear()
         candidates: Sequence[InstanceView] = self.hooks.filter_views(views, now=now)
-        if p.attempt > 1 and self.controls.retry_elsewhere and p.tried:
-            others = [v for v in candidates if v.instance_id not in p.tried]
-            candidates = others or candidates
+        candidates = self._elsewhere(p, candidates)
         if not candidates:
             return RouteDecision(None, RouteReason.NO_CANDIDATES)
         return self.router.select(info, candidates, now=now)
+
+    def _elsewhere(self, p: _Pending, candidates: Sequence[InstanceView]) -> Sequence[InstanceView]:
+        """With ``retry_elsewhere``, avoid the instances the plan excludes (all of them: any will do)."""
+        exclude = p.driver.attempt.exclude if p.driver is not None else frozenset()
+        if not (exclude and self.controls.retry_elsewhere):
+            return candidates
+        others = [v for v in candidates if v.instance_id not in exclude]
+        return others or candidates
 
     def on_finish(self, seq: Seq, now: float) -> None:
         self._in_flight -= 1
@@ -307,6 +316,8 @@ class ResilientFleet(Fleet):
 
     def _end(self, p: _Pending, now: float, *, ok: bool, reason: str) -> None:
         p.done = True
+        if p.driver is not None:
+            p.driver.close()
         rec = p.record
         rec.ok = ok
         rec.reason = reason
@@ -331,30 +342,8 @@ class ResilientFleet(Fleet):
                 self.counters["cancelled_attempts"] += 1
                 self.router.on_finished(seq.info, engine.id, now=now)
         p.delivered = 0  # a client that gives up starts its stream over
-        self._retry_or_fail(p, now, reason="timeout", continuation=False)
-
-    def _retry_or_fail(self, p: _Pending, now: float, *, reason: str, continuation: bool) -> None:
-        c = self.clients
-        may = continuation or (c.retry != "none" and p.attempt < c.max_attempts)
-        if may and not self.hooks.allow_retry(p.spec, p.attempt, now=now, continuation=continuation):
-            may = False
-            reason = f"{reason}_retry_denied"
-        if not may:
-            self._end(p, now, ok=False, reason=reason)
-            return
-        self.counters["continuations" if continuation else "retries"] += 1
-        delay = 0.0
-        if not continuation and c.retry == "backoff":
-            cap = min(c.backoff_max_s, c.backoff_base_s * 2 ** (p.attempt - 1))
-            delay = self._rng.uniform(0, cap)  # full jitter
-        if delay > 0:
-            self.loop.schedule(now + delay, self._redispatch, p)
-        else:
-            self._dispatch(p, now)
-
-    def _redispatch(self, now: float, p: _Pending) -> None:
-        if not p.done:
-            self._dispatch(p, now)
+        iid = engine.id if engine is not None else None
+        self._report(p, AttemptOutcome(AttemptResult.CLIENT_RESTART, iid, 0, now), "timeout")
 
     # -- faults --------------------------------------------------------------------------------
     def _apply_fault(self, now: float, fault: FaultSpec) -> None:
@@ -414,12 +403,16 @@ class ResilientFleet(Fleet):
                     self._end(p, now, ok=True, reason="")
                     continue
                 p.lost_at = now
-                self._retry_or_fail(p, now, reason="instance_lost", continuation=True)
+                outcome = AttemptOutcome(AttemptResult.FAILED_MID_STREAM, engine.id, got, now)
+                self._report(p, outcome, "instance_lost")
             else:
-                self.counters["lost_tokens"] += got + p.delivered
+                lost = got + p.delivered
+                self.counters["lost_tokens"] += lost
                 p.delivered = 0
                 if self.clients.retry_on_error:
-                    self._retry_or_fail(p, now, reason="instance_lost", continuation=False)
+                    # the client re-sends from scratch what it saw break (or never start)
+                    result = AttemptResult.CLIENT_RESTART if lost else AttemptResult.FAILED_BEFORE_FIRST_BYTE
+                    self._report(p, AttemptOutcome(result, engine.id, 0, now), "instance_lost")
                 else:
                     self._end(p, now, ok=False, reason="instance_lost")
 

@@ -21,8 +21,8 @@ from tokenplane.sim.autoscaling import (
 )
 from tokenplane.sim.catalog import Catalog, kv_capacity_tokens
 from tokenplane.sim.economics_report import build_economics, engine_token_costs
-from tokenplane.sim.engine import ContinuousEngine, EngineConfig, Seq
-from tokenplane.sim.fleet import Engine, Fleet, FleetResult
+from tokenplane.sim.engine import ContinuousEngine, EngineConfig
+from tokenplane.sim.fleet import Engine, Fleet, FleetContext, FleetResult
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.lifecycle import Lifecycle, Timings
 from tokenplane.sim.perf_model import StepTimeModel
@@ -77,14 +77,6 @@ def simulate(
     groups = fleet_cfg.resolved_groups()
     loop = EventLoop()
     tbt = TbtHistogram()
-    holder: list[Fleet] = []
-    after_finish: list[Callable[[Seq, float], None]] = []  # the autoscaler's, when there is one
-
-    def on_finish(seq: Seq, now: float) -> None:
-        holder[0].on_finish(seq, now)
-        if after_finish:
-            after_finish[0](seq, now)
-
     engines: list[Engine] = []
     timings: list[Timings] = []
     prices: dict[str, TokenCosts] = {}
@@ -113,7 +105,6 @@ def simulate(
                     steps,
                     schedule=loop.schedule,
                     schedule_late=loop.schedule_late,
-                    on_finish=on_finish,
                     record=InstanceRecord(iid, gpu.name, model.name, price),
                     tbt=tbt,
                 )
@@ -121,37 +112,18 @@ def simulate(
             timings.append(timing)
     if len({e.id for e in engines}) != len(engines):
         raise ValueError("instance ids must be unique across groups")
-    router = build_router(run.router, random.Random(run.seed))
-    common: dict[str, Any] = {
-        "loop": loop,
-        "engines": engines,
-        "router": router,
-        "workload": workload,
-        "model": catalog.model(groups[0].model).name,
-        "block_size": block_size,
-        "tbt": tbt,
-        "sample_interval_s": run.sample_interval_s,
-    }
-    fleet: Fleet
-    if run.admission is not None:
-        from tokenplane.sim.admission_shell import AdmissionFleet
-
-        fleet = AdmissionFleet(
-            **common,
-            clients=run.clients,
-            controls=run.controls,
-            faults=run.faults,
-            seed=run.seed,
-            admission=run.admission,
-            prices=prices,
-        )
-    elif run.resilient:
-        fleet = ResilientFleet(
-            **common, clients=run.clients, controls=run.controls, faults=run.faults, seed=run.seed
-        )
-    else:
-        fleet = Fleet(**common)
-    holder.append(fleet)
+    ctx = FleetContext(
+        loop=loop,
+        engines=engines,
+        router=build_router(run.router, random.Random(run.seed)),
+        workload=workload,
+        model=catalog.model(groups[0].model).name,
+        block_size=block_size,
+        tbt=tbt,
+        sample_interval_s=run.sample_interval_s,
+        precise_kv=run.routing.precise_kv,
+    )
+    fleet = build_fleet(run, ctx, prices)
 
     lifecycle: Lifecycle | None = None
     shell: AutoscalingShell | None = None
@@ -177,7 +149,7 @@ def simulate(
                 active=lambda: fleet.has_work,
             )
             lifecycle.on_landed = shell.on_landed
-            after_finish.append(shell.on_finish)
+            fleet.after_finish = shell.on_finish
             shell.start()
         # the views were built before the lifecycle set each instance's state
         fleet.views = [e.view() for e in engines]
@@ -210,6 +182,27 @@ def simulate(
     if lifecycle is not None:
         result.lifecycle = lifecycle
     return result
+
+
+def build_fleet(run: RunSettings, ctx: FleetContext, prices: dict[str, TokenCosts]) -> Fleet:
+    """The fleet shell a run's settings ask for: admission, clients and faults, or the bare fleet."""
+    if run.admission is not None:
+        from tokenplane.sim.admission_shell import AdmissionFleet
+
+        return AdmissionFleet(
+            ctx,
+            clients=run.clients,
+            controls=run.controls,
+            faults=run.faults,
+            seed=run.seed,
+            admission=run.admission,
+            prices=prices,
+        )
+    if run.resilient:
+        return ResilientFleet(
+            ctx, clients=run.clients, controls=run.controls, faults=run.faults, seed=run.seed
+        )
+    return Fleet(ctx)
 
 
 def budget_goodput(result: FleetResult, budgets: dict[int, float], run: RunSettings) -> dict[str, Any]:
