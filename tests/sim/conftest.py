@@ -128,6 +128,7 @@ def make_fleet(
     engines: int = 1,
     router: object | None = None,
     sample_interval_s: float = 10.0,
+    precise_kv: bool = False,
 ) -> Harness:
     loop = EventLoop()
     tbt = TbtHistogram()
@@ -156,6 +157,7 @@ def make_fleet(
             block_size=configs[0].block_size,
             tbt=tbt,
             sample_interval_s=sample_interval_s,
+            precise_kv=precise_kv,
         )
     )
     return Harness(loop, fleet, engs, tbt, rt, workload)

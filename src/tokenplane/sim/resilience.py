@@ -35,6 +35,17 @@ from tokenplane.sim.retry_driver import PlanDriver, RetryPlanner
 from tokenplane.sim.workloads.base import RequestSpec
 
 
+def avoid_tried(candidates: Sequence[InstanceView], exclude: frozenset[str]) -> Sequence[InstanceView]:
+    """The candidates an attempt may go to: not the instances its plan excludes (those tried).
+
+    As in the gateway (``Resilience.candidates``), when every candidate was tried none is left and
+    the request ends with no instance (the twin used to fall back to a tried one).
+    """
+    if not exclude:
+        return candidates
+    return [v for v in candidates if v.instance_id not in exclude]
+
+
 class _Pending:
     """A logical request in flight: its current attempt and what the user has already received."""
 
@@ -277,12 +288,10 @@ class ResilientFleet(Fleet):
         return self.router.select(info, candidates, now=now)
 
     def _elsewhere(self, p: _Pending, candidates: Sequence[InstanceView]) -> Sequence[InstanceView]:
-        """With ``retry_elsewhere``, avoid the instances the plan excludes (all of them: any will do)."""
-        exclude = p.driver.attempt.exclude if p.driver is not None else frozenset()
-        if not (exclude and self.controls.retry_elsewhere):
+        """With ``retry_elsewhere``, avoid the instances the plan excludes, as the gateway does."""
+        if p.driver is None or not self.controls.retry_elsewhere:
             return candidates
-        others = [v for v in candidates if v.instance_id not in exclude]
-        return others or candidates
+        return avoid_tried(candidates, p.driver.attempt.exclude)
 
     def on_finish(self, seq: Seq, now: float) -> None:
         self._in_flight -= 1
