@@ -160,7 +160,7 @@ def gateway_side() -> tuple[list[list[Seen]], list[PlanResult | None]]:
 
 
 def twin_side() -> tuple[list[list[Seen]], list[PlanResult | None]]:
-    """As ``ResilientFleet`` drives it: the event loop dispatches each attempt after its delay."""
+    """As ``ResilientDispatch`` drives it: the event loop dispatches each attempt after its delay."""
     loop = EventLoop()
     planner = RetryPlanner(
         RetryPolicy.from_params(RETRY.policy_params()),
@@ -190,7 +190,7 @@ def twin_side() -> tuple[list[list[Seen]], list[PlanResult | None]]:
         decision = router.select(r.info, views, now=now)
         iid = decision.instance_id
         seen[r.k].append(Seen.of(attempt, now, iid, str(decision.reason)))
-        if iid is None:  # as ResilientFleet: the request ends with reason no_instance
+        if iid is None:  # as ResilientDispatch: the request ends with reason no_instance
             r.driver.close()
             results.append(None)
             return

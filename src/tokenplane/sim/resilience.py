@@ -18,8 +18,8 @@ exactly as the gateway drives it: this module only reports each attempt's outcom
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import msgspec
 
@@ -29,7 +29,7 @@ from tokenplane.core.retry_budget import PlanResult, RetryReason
 from tokenplane.core.views import InstanceView, RequestInfo, RouteDecision, RouteReason
 from tokenplane.sim.engine import ContinuousEngine, Seq
 from tokenplane.sim.faults import ClientSpec, ControlSpec, FaultSpec
-from tokenplane.sim.fleet import Engine, Fleet, FleetContext
+from tokenplane.sim.fleet import Engine, Fleet
 from tokenplane.sim.records import RequestRecord
 from tokenplane.sim.retry_driver import PlanDriver, RetryPlanner
 from tokenplane.sim.workloads.base import RequestSpec
@@ -124,18 +124,41 @@ class CoreControls(ControlHooks):
             self.events[key] = self.events.get(key, 0) + 1
 
 
-class ResilientFleet(Fleet):
+class Gate(Protocol):
+    """An admission layer between the clients and the router (the twin's admission shell).
+
+    The resilient path calls it where a request arrives (``on_arrival``), is about to be sent
+    (``dispatch``: the gate calls :meth:`ResilientDispatch.send` when it lets it through), is
+    routed (``usable`` narrows the candidates), spends engine work (``on_used``), ends
+    (``retry_instead``, then ``on_end``) and where capacity frees (``pump``).
+    """
+
+    def bind(self, path: ResilientDispatch) -> None: ...
+    def on_arrival(self, now: float, spec: RequestSpec) -> RequestSpec: ...
+    def dispatch(self, now: float, p: _Pending) -> None: ...
+    def usable(self, candidates: Sequence[InstanceView]) -> Sequence[InstanceView]: ...
+    def on_used(self, seq: Seq, instance_id: str, *, delivered: bool) -> None: ...
+    def retry_instead(self, p: _Pending, now: float, *, ok: bool, reason: str) -> bool: ...
+    def on_end(self, p: _Pending, now: float, *, ok: bool) -> None: ...
+    def pump(self, now: float) -> None: ...
+    def has_work(self) -> bool: ...
+    def report_extra(self) -> dict[str, Any]: ...
+
+
+class ResilientDispatch:
+    """The fleet's request path with clients, faults, breakers and the core's retry plan."""
+
     def __init__(
         self,
-        ctx: FleetContext,
         *,
         clients: ClientSpec | None = None,
         controls: ControlSpec | None = None,
         faults: Sequence[FaultSpec] = (),
         hooks: ControlHooks | None = None,
         seed: int = 0,
+        gate: Gate | None = None,
     ) -> None:
-        super().__init__(ctx)
+        self.gate = gate
         self.clients = clients or ClientSpec()
         self.controls = controls or ControlSpec()
         self.hooks = hooks or CoreControls.from_spec(self.controls)
@@ -155,33 +178,32 @@ class ResilientFleet(Fleet):
         }
         self.resume_gaps: list[float] = []
         self.attempt_usage: list[tuple[int, str, int, int, bool]] = []
-        self.usage = self.attempt_usage
+
+    def bind(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.loop = fleet.loop
+        self.engines = fleet.engines
+        self.by_id = fleet.by_id
+        self.router = fleet.router
+        self.model = fleet.model
+        self.bs = fleet.bs
+        fleet.usage = self.attempt_usage
         for i, f in enumerate(self.faults):
             if f.instance >= len(self.engines):
                 raise ValueError(f"faults[{i}]: instance {f.instance} but the fleet has {len(self.engines)}")
             if not isinstance(self.engines[f.instance], ContinuousEngine):
                 raise ValueError(f"faults[{i}]: faults need the continuous engine")
+        if self.gate is not None:
+            self.gate.bind(self)
 
     # -- requests ------------------------------------------------------------------------------
-    def _admit(self, now: float, spec: RequestSpec) -> None:
-        self._last_activity = now
-        if spec.workflow is not None:
-            self.workflows[spec.request_id] = spec.workflow
-        if spec.latency_budget_s is not None:
-            self.budgets[spec.request_id] = spec.latency_budget_s
-        bound = self._prefix_bound(spec)
-        rec = RequestRecord(
-            request_id=spec.request_id,
-            tenant=spec.tenant,
-            arrival_s=now,
-            prompt_tokens=spec.prompt_tokens,
-            output_tokens=spec.output_tokens,
-            prefix_bound_tokens=bound,
-        )
-        self.records.append(rec)
-        self._start_plan(_Pending(spec, rec), now).start(now)
+    def admit(self, now: float, spec: RequestSpec) -> None:
+        if self.gate is not None:
+            spec = self.gate.on_arrival(now, spec)
+        rec = self.fleet.open_record(now, spec)
+        self.start_plan(_Pending(spec, rec), now).start(now)
 
-    def _start_plan(self, p: _Pending, now: float) -> PlanDriver[_Pending]:
+    def start_plan(self, p: _Pending, now: float) -> PlanDriver[_Pending]:
         """Open the core's retry plan for ``p`` (a fresh one each time: see the admission shell)."""
         if p.driver is not None:
             p.driver.close()
@@ -199,7 +221,7 @@ class ResilientFleet(Fleet):
 
     def _plan_ended(self, now: float, p: _Pending, result: PlanResult) -> None:
         over_budget = result.reason in (RetryReason.BUDGET_REQUESTS, RetryReason.BUDGET_TOKENS)
-        self._end(p, now, ok=False, reason=f"{p.cause}_retry_denied" if over_budget else p.cause)
+        self.end(p, now, ok=False, reason=f"{p.cause}_retry_denied" if over_budget else p.cause)
 
     def _report(self, p: _Pending, outcome: AttemptOutcome, cause: str) -> None:
         """Tell the request's plan how its attempt ended; it dispatches the next one or ends it."""
@@ -208,6 +230,13 @@ class ResilientFleet(Fleet):
         p.driver.report(outcome)
 
     def _dispatch(self, now: float, p: _Pending) -> None:
+        if self.gate is not None:
+            self.gate.dispatch(now, p)
+        else:
+            self.send(now, p)
+
+    def send(self, now: float, p: _Pending) -> None:
+        """Run the plan's current attempt for ``p``: route it and submit it to an engine."""
         if p.done:
             return
         spec = p.spec
@@ -238,25 +267,25 @@ class ResilientFleet(Fleet):
             workflow=spec.workflow,
             priority=spec.priority,
             latency_budget_s=spec.latency_budget_s,
-            cached_prefix_tokens=self.cached_prefix(spec) if self.precise_kv else None,
+            cached_prefix_tokens=self.fleet.cached_prefix(spec) if self.fleet.precise_kv else None,
         )
         decision = self._route(info, p, now)
         rec = p.record
         rec.route_reason = decision.reason.value
         if decision.instance_id is None:
-            self._end(p, now, ok=False, reason="no_instance")
+            self.end(p, now, ok=False, reason="no_instance")
             return
         engine = self.by_id[decision.instance_id]
         rec.instance_id = engine.id
         if not engine.fits(spec):
-            self._end(p, now, ok=False, reason="too_long")
+            self.end(p, now, ok=False, reason="too_long")
             return
         self.router.on_routed(info, engine.id, now=now)
-        self._uid += 1
-        self._in_flight += 1
+        self.fleet.uid += 1
+        self.fleet.in_flight += 1
         attempt_rec = RequestRecord(spec.request_id, spec.tenant, now, spec.prompt_tokens, spec.output_tokens)
         attempt_rec.instance_id = engine.id
-        seq = Seq(self._uid, spec, info, attempt_rec, self.bs)
+        seq = Seq(self.fleet.uid, spec, info, attempt_rec, self.bs)
         p.seq, p.engine, p.info = seq, engine, info
         self._pending[seq.uid] = p
         self.hooks.on_dispatch(engine.id, now=now)
@@ -274,14 +303,13 @@ class ResilientFleet(Fleet):
         else:
             prefill, out = max(0, min(seq.computed, seq.prompt) - hit), seq.generated
         self.attempt_usage.append((seq.spec.request_id, instance_id, prefill, out, delivered))
+        if self.gate is not None:
+            self.gate.on_used(seq, instance_id, delivered=delivered)
 
     def _route(self, info: RequestInfo, p: _Pending, now: float) -> RouteDecision:
-        views = self.views
-        if self._changed:
-            for i in self._changed:
-                views[i] = self.engines[i].view()
-            self._changed.clear()
-        candidates: Sequence[InstanceView] = self.hooks.filter_views(views, now=now)
+        candidates: Sequence[InstanceView] = self.hooks.filter_views(self.fleet.fresh_views(), now=now)
+        if self.gate is not None:
+            candidates = self.gate.usable(candidates)
         candidates = self._elsewhere(p, candidates)
         if not candidates:
             return RouteDecision(None, RouteReason.NO_CANDIDATES)
@@ -294,8 +322,14 @@ class ResilientFleet(Fleet):
         return avoid_tried(candidates, p.driver.attempt.exclude)
 
     def on_finish(self, seq: Seq, now: float) -> None:
-        self._in_flight -= 1
-        self._last_activity = max(self._last_activity, now)
+        self._on_finish(seq, now)
+        if self.gate is not None:
+            self.gate.pump(now)
+
+    def _on_finish(self, seq: Seq, now: float) -> None:
+        fleet = self.fleet
+        fleet.in_flight -= 1
+        fleet.last_activity = max(fleet.last_activity, now)
         p = self._pending.pop(seq.uid, None)
         own = seq.record.instance_id or ""  # the instance this attempt ran on, not the latest one
         self.router.on_finished(seq.info, own, now=now)
@@ -321,9 +355,15 @@ class ResilientFleet(Fleet):
             if p.lost_at is not None and att.first_token_s is not None:
                 # how long the user's stream stalled: from the loss to the next token
                 self.resume_gaps.append(att.first_token_s - p.lost_at)
-        self._end(p, now, ok=True, reason="")
+        self.end(p, now, ok=True, reason="")
 
-    def _end(self, p: _Pending, now: float, *, ok: bool, reason: str) -> None:
+    def end(self, p: _Pending, now: float, *, ok: bool, reason: str) -> None:
+        """``p`` ends (the gate may first give a failed step another go)."""
+        gate = self.gate
+        if gate is not None:
+            if gate.retry_instead(p, now, ok=ok, reason=reason):
+                return
+            gate.on_end(p, now, ok=ok)
         p.done = True
         if p.driver is not None:
             p.driver.close()
@@ -331,10 +371,15 @@ class ResilientFleet(Fleet):
         rec.ok = ok
         rec.reason = reason
         rec.finish_s = now if ok else None
-        self._followups(p.spec, now, ok=ok)
+        self.fleet.followups(p.spec, now, ok=ok)
 
     # -- client behaviour ----------------------------------------------------------------------
     def _on_timeout(self, now: float, arg: tuple[_Pending, int]) -> None:
+        self._timeout(now, arg)
+        if self.gate is not None:
+            self.gate.pump(now)
+
+    def _timeout(self, now: float, arg: tuple[_Pending, int]) -> None:
         p, attempt = arg
         if p.done or p.attempt != attempt or p.seq is None:
             return
@@ -346,7 +391,7 @@ class ResilientFleet(Fleet):
             cancel = self.controls.cancel_on_timeout
             if cancel and isinstance(engine, ContinuousEngine) and engine.abort(seq, now):
                 self._used(seq, engine.id, delivered=False, finished=False)
-                self._in_flight -= 1
+                self.fleet.in_flight -= 1
                 self._pending.pop(seq.uid, None)
                 self.counters["cancelled_attempts"] += 1
                 self.router.on_finished(seq.info, engine.id, now=now)
@@ -387,10 +432,15 @@ class ResilientFleet(Fleet):
         engine.changed.add(engine.index)
 
     def _lose(self, engine: ContinuousEngine, now: float) -> None:
+        self._lose_all(engine, now)
+        if self.gate is not None:
+            self.gate.pump(now)
+
+    def _lose_all(self, engine: ContinuousEngine, now: float) -> None:
         engine.ready = False
         for seq in engine.fail_all(now):
             self._used(seq, engine.id, delivered=False, finished=False)
-            self._in_flight -= 1
+            self.fleet.in_flight -= 1
             p = self._pending.pop(seq.uid, None)
             self.router.on_finished(seq.info, engine.id, now=now)
             self.hooks.on_result(engine.id, False, None, now=now)
@@ -409,7 +459,7 @@ class ResilientFleet(Fleet):
             if self.controls.continuation and (got > 0 or p.delivered > 0):
                 p.delivered += got
                 if p.delivered >= p.spec.output_tokens:  # the loss came after the last token
-                    self._end(p, now, ok=True, reason="")
+                    self.end(p, now, ok=True, reason="")
                     continue
                 p.lost_at = now
                 outcome = AttemptOutcome(AttemptResult.FAILED_MID_STREAM, engine.id, got, now)
@@ -423,9 +473,25 @@ class ResilientFleet(Fleet):
                     result = AttemptResult.CLIENT_RESTART if lost else AttemptResult.FAILED_BEFORE_FIRST_BYTE
                     self._report(p, AttemptOutcome(result, engine.id, 0, now), "instance_lost")
                 else:
-                    self._end(p, now, ok=False, reason="instance_lost")
+                    self.end(p, now, ok=False, reason="instance_lost")
 
-    def run(self, *, until: float | None = None, on_progress: Callable[[float], None] | None = None) -> Any:
+    # -- the fleet's part ------------------------------------------------------------------------
+    def start(self) -> None:
         for f in self.faults:
             self.loop.schedule(f.at_s, self._apply_fault, f)
-        return super().run(until=until, on_progress=on_progress)
+
+    def has_work(self) -> bool:
+        return self.gate is not None and self.gate.has_work()
+
+    def report_extra(self) -> dict[str, Any]:
+        events = self.hooks.events if isinstance(self.hooks, CoreControls) else {}
+        gaps = self.resume_gaps
+        extra: dict[str, Any] = {
+            **self.counters,
+            **events,
+            "resume_gap_p50_s": sorted(gaps)[len(gaps) // 2] if gaps else None,
+            "resume_gap_max_s": max(gaps) if gaps else None,
+        }
+        if self.gate is not None:
+            extra.update(self.gate.report_extra())
+        return extra

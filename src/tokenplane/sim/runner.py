@@ -28,7 +28,7 @@ from tokenplane.sim.lifecycle import Lifecycle, Timings
 from tokenplane.sim.perf_model import StepTimeModel
 from tokenplane.sim.records import InstanceRecord, TbtHistogram
 from tokenplane.sim.report import Slo, build_run_report, goodput_timeline
-from tokenplane.sim.resilience import CoreControls, ResilientFleet
+from tokenplane.sim.resilience import ResilientDispatch
 from tokenplane.sim.scenario import FleetGroup, FleetSettings, RunSettings, Scenario
 from tokenplane.sim.static_engine import StaticEngine
 from tokenplane.sim.workloads.base import Workload
@@ -158,19 +158,9 @@ def simulate(
     if lifecycle is not None:
         for i, e in enumerate(engines):
             e.record.alive_s = lifecycle.held_s(i, result.duration_s)
-    if isinstance(fleet, ResilientFleet):
-        events = fleet.hooks.events if isinstance(fleet.hooks, CoreControls) else {}
-        result.extra = {
-            **fleet.counters,
-            **events,
-            "resume_gap_p50_s": _median(fleet.resume_gaps),
-            "resume_gap_max_s": max(fleet.resume_gaps) if fleet.resume_gaps else None,
-        }
+    result.extra = fleet.report_extra()
     if shell is not None:
         result.extra = {**result.extra, **shell.report_extra()}
-    extra_fn = getattr(fleet, "report_extra", None)
-    if extra_fn is not None:
-        result.extra = {**result.extra, **extra_fn()}
     if fleet.budgets:
         result.extra = {**result.extra, **budget_goodput(result, fleet.budgets, run)}
     result.extra = {
@@ -185,24 +175,19 @@ def simulate(
 
 
 def build_fleet(run: RunSettings, ctx: FleetContext, prices: dict[str, TokenCosts]) -> Fleet:
-    """The fleet shell a run's settings ask for: admission, clients and faults, or the bare fleet."""
+    """The fleet with the request path a run's settings ask for: the bare path, or clients, faults
+    and the control plane (with an admission gate when the run has ``admission``)."""
+    if run.admission is None and not run.resilient:
+        return Fleet(ctx)
+    gate = None
     if run.admission is not None:
-        from tokenplane.sim.admission_shell import AdmissionFleet
+        from tokenplane.sim.admission_shell import AdmissionGate
 
-        return AdmissionFleet(
-            ctx,
-            clients=run.clients,
-            controls=run.controls,
-            faults=run.faults,
-            seed=run.seed,
-            admission=run.admission,
-            prices=prices,
-        )
-    if run.resilient:
-        return ResilientFleet(
-            ctx, clients=run.clients, controls=run.controls, faults=run.faults, seed=run.seed
-        )
-    return Fleet(ctx)
+        gate = AdmissionGate(run.admission, prices)
+    path = ResilientDispatch(
+        clients=run.clients, controls=run.controls, faults=run.faults, seed=run.seed, gate=gate
+    )
+    return Fleet(ctx, path)
 
 
 def budget_goodput(result: FleetResult, budgets: dict[int, float], run: RunSettings) -> dict[str, Any]:
@@ -225,13 +210,6 @@ def budget_goodput(result: FleetResult, budgets: dict[int, float], run: RunSetti
         "budget_attainment": met / len(result.records) if result.records else None,
         "budget_attainment_by_budget_s": {k: v[0] / v[1] for k, v in sorted(by_budget.items())},
     }
-
-
-def _median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return s[len(s) // 2]
 
 
 def run_scenario(
