@@ -37,10 +37,10 @@ from tokenplane.core.routing import build_router
 from tokenplane.core.views import InstanceView, RequestInfo
 from tokenplane.gateway.resilience import Resilience
 from tokenplane.gateway.resilience_config import BreakerParams, RetryConfig
+from tokenplane.sim.controls import CoreControls, avoid_tried
 from tokenplane.sim.engine import ContinuousEngine, EngineConfig, Seq
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
-from tokenplane.sim.resilience import CoreControls, avoid_tried
 from tokenplane.sim.retry_driver import PlanDriver, RetryPlanner
 from tokenplane.sim.workloads.base import RequestSpec
 

@@ -21,12 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenplane.core.routing import build_router
+from tokenplane.sim.controls import ControlHooks, CoreControls
 from tokenplane.sim.engine import ContinuousEngine, EngineConfig, Seq
 from tokenplane.sim.faults import ClientSpec, ControlSpec, FaultSpec
 from tokenplane.sim.fleet import Fleet, FleetContext
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
-from tokenplane.sim.resilience import ControlHooks, CoreControls, ResilientDispatch
+from tokenplane.sim.resilience import ResilientDispatch
 from tokenplane.sim.runner import run_scenario
 from tokenplane.sim.scenario import parse_scenario
 from tokenplane.sim.workloads.base import RequestSpec

@@ -13,7 +13,11 @@ abandoned, continues interrupted streams on another instance, and consults the c
 
 Whether and when a request gets another attempt is the core's retry plan
 (:func:`tokenplane.core.retry_budget.attempts`), driven by :class:`~tokenplane.sim.retry_driver.PlanDriver`
-exactly as the gateway drives it: this module only reports each attempt's outcome.
+exactly as the gateway drives it: this module only reports each attempt's outcome. The breakers
+and the exclusion of tried instances are :mod:`tokenplane.sim.controls`.
+
+:class:`ResilientDispatch` is the fleet's request path (a :class:`~tokenplane.sim.fleet.Dispatcher`)
+when a run has clients, controls or faults; an admission layer plugs in as a :class:`Gate`.
 """
 
 from __future__ import annotations
@@ -23,27 +27,16 @@ from typing import Any, Protocol
 
 import msgspec
 
-from tokenplane.core.breaker import BreakerBoard, BreakerConfig, filter_allowed
 from tokenplane.core.outcomes import AttemptOutcome, AttemptResult
 from tokenplane.core.retry_budget import PlanResult, RetryReason
 from tokenplane.core.views import InstanceView, RequestInfo, RouteDecision, RouteReason
+from tokenplane.sim.controls import ControlHooks, CoreControls, avoid_tried
 from tokenplane.sim.engine import ContinuousEngine, Seq
 from tokenplane.sim.faults import ClientSpec, ControlSpec, FaultSpec
 from tokenplane.sim.fleet import Engine, Fleet
 from tokenplane.sim.records import RequestRecord
 from tokenplane.sim.retry_driver import PlanDriver, RetryPlanner
 from tokenplane.sim.workloads.base import RequestSpec
-
-
-def avoid_tried(candidates: Sequence[InstanceView], exclude: frozenset[str]) -> Sequence[InstanceView]:
-    """The candidates an attempt may go to: not the instances its plan excludes (those tried).
-
-    As in the gateway (``Resilience.candidates``), when every candidate was tried none is left and
-    the request ends with no instance (the twin used to fall back to a tried one).
-    """
-    if not exclude:
-        return candidates
-    return [v for v in candidates if v.instance_id not in exclude]
 
 
 class _Pending:
@@ -77,51 +70,6 @@ class _Pending:
         self.cause = ""  # why the latest attempt failed: the request's reason if the plan gives up
         self.lost_at: float | None = None
         self.sent_s: float | None = None  # when the client sent the attempt, if it waited before dispatch
-
-
-class ControlHooks:
-    """Where core policies plug into the shell; the defaults allow everything."""
-
-    def on_result(self, instance_id: str, ok: bool, latency_s: float | None, *, now: float) -> None:
-        return None
-
-    def on_dispatch(self, instance_id: str, *, now: float) -> None:
-        return None
-
-    def filter_views(self, views: Sequence[InstanceView], *, now: float) -> Sequence[InstanceView]:
-        return views
-
-
-class CoreControls(ControlHooks):
-    """The core's breakers, fed by the twin exactly as the gateway feeds them."""
-
-    def __init__(self, board: BreakerBoard | None) -> None:
-        self.board = board
-        self.events: dict[str, int] = {}
-
-    @classmethod
-    def from_spec(cls, spec: ControlSpec) -> CoreControls:
-        board = BreakerBoard(BreakerConfig.from_params(spec.breaker)) if spec.breaker is not None else None
-        return cls(board)
-
-    def on_dispatch(self, instance_id: str, *, now: float) -> None:
-        if self.board is not None:
-            self._count(self.board.on_attempt(instance_id, now=now))
-
-    def on_result(self, instance_id: str, ok: bool, latency_s: float | None, *, now: float) -> None:
-        if self.board is not None:
-            self._count(self.board.on_result(instance_id, ok, latency_s, now=now))
-
-    def filter_views(self, views: Sequence[InstanceView], *, now: float) -> Sequence[InstanceView]:
-        if self.board is None:
-            return views
-        self._count(self.board.tick(now))
-        return filter_allowed(views, self.board, now=now)
-
-    def _count(self, events: Sequence[Any]) -> None:
-        for ev in events:
-            key = f"breaker_to_{ev.to_state.value}_{ev.reason.value}"
-            self.events[key] = self.events.get(key, 0) + 1
 
 
 class Gate(Protocol):
