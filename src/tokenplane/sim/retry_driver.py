@@ -31,7 +31,6 @@ from typing import Generic, TypeVar
 from tokenplane.core.outcomes import AttemptOutcome
 from tokenplane.core.retry_budget import (
     Attempt,
-    AttemptKind,
     PlanResult,
     RetryBudget,
     RetryPlan,
@@ -142,7 +141,3 @@ class PlanDriver(Generic[T]):
     def close(self) -> None:
         """The request ended outside the plan (no instance, too long, done): drop the generator."""
         self._plan.close()
-
-    @property
-    def is_continuation(self) -> bool:
-        return self.attempt.kind is AttemptKind.CONTINUATION
