@@ -19,6 +19,8 @@ from tokenplane.core.retry_budget import (
     RetryReason,
     attempts,
     drive,
+    first_attempt_cost,
+    retry_cost,
 )
 from tokenplane.core.state_store import SlidingWindowCounterStore
 from tokenplane.core.views import RequestInfo
@@ -229,3 +231,52 @@ def test_all_failing_attempts_stay_under_budget(n: int, ratio: float, floor: flo
     # 1/3 with a floor of 1/3 over 10 s allow 34 retries, and 92 * (1 + 1/3) + 10/3 rounds to
     # 125.99999999999999).
     assert retries <= ratio * n + floor * window + 1e-9
+
+
+# -- what the twin's clients need of the plan ---------------------------------------------------
+
+
+def test_client_restart_discards_delivered_tokens() -> None:
+    # 20 tokens reached the client, then it gave up and re-sent: the next attempt is a fresh RETRY
+    seen, result = run_plan(
+        [
+            AttemptOutcome(MID, "a", 20, 1.0),
+            AttemptOutcome(AttemptResult.CLIENT_RESTART, "b", 5, 2.0),
+            AttemptOutcome(OK, "c", 50, 3.0),
+        ],
+        policy=RetryPolicy(max_attempts=3, backoff_base_s=0.0),
+    )
+    assert [(a.kind, a.resume_tokens, a.cost_tokens) for a in seen] == [
+        (AttemptKind.FIRST, 0, 150),
+        (AttemptKind.CONTINUATION, 20, 150),
+        (AttemptKind.RETRY, 0, 150),
+    ]
+    assert result.tokens_delivered == 50  # type: ignore[attr-defined]
+
+
+def test_continuations_may_have_their_own_cap() -> None:
+    lost = [AttemptOutcome(MID, x, 1, float(i)) for i, x in enumerate("abcd")]
+    policy = RetryPolicy(max_attempts=1, backoff_base_s=0.0, max_continuation_attempts=5)
+    seen, result = run_plan([*lost, AttemptOutcome(OK, "e", 1, 9.0)], policy=policy)
+    assert [a.kind for a in seen[1:]] == [AttemptKind.CONTINUATION] * 4
+    assert result.reason is RetryReason.SUCCEEDED  # type: ignore[attr-defined]
+    # a retry (nothing delivered) is still capped by max_attempts
+    _, result = run_plan([AttemptOutcome(BEFORE, "a", 0, 1.0)], policy=policy)
+    assert result.reason is RetryReason.ATTEMPTS_EXHAUSTED  # type: ignore[attr-defined]
+    assert RetryPolicy.from_params({"max_continuation_attempts": 7}).max_continuation_attempts == 7
+    assert RetryPolicy.from_params({}).max_continuation_attempts is None
+
+
+def test_no_budget_plans_without_one() -> None:
+    outcomes = iter([AttemptOutcome(BEFORE, x, 0, 1.0) for x in "abc"])
+    plan = attempts(req(), budget=None, now=0.0, policy=RetryPolicy(max_attempts=3))
+    result = drive(plan, lambda _attempt: next(outcomes))
+    assert result.reason is RetryReason.ATTEMPTS_EXHAUSTED and result.attempts == 3
+
+
+def test_costs_are_the_ones_both_shells_charge() -> None:
+    r = req(prompt=100, out=50)
+    assert first_attempt_cost(r) == 150
+    assert retry_cost(r, 0) == 150
+    assert retry_cost(r, 20) == 150  # prompt + delivered + remaining
+    assert retry_cost(r, 80) == 180  # delivered past max_output: nothing remains

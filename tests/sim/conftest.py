@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from tokenplane.core.views import InstanceView, RequestInfo, RouteDecision, RouteReason
-from tokenplane.sim.engine import ContinuousEngine, EngineConfig, Seq
-from tokenplane.sim.fleet import Fleet, FleetResult
+from tokenplane.sim.engine import ContinuousEngine, EngineConfig
+from tokenplane.sim.fleet import Fleet, FleetContext, FleetResult
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
 from tokenplane.sim.workloads.base import RequestSpec
@@ -128,16 +128,12 @@ def make_fleet(
     engines: int = 1,
     router: object | None = None,
     sample_interval_s: float = 10.0,
+    precise_kv: bool = False,
 ) -> Harness:
     loop = EventLoop()
     tbt = TbtHistogram()
     workload = specs if isinstance(specs, ListWorkload) else ListWorkload(list(specs))
     configs = list(config) if isinstance(config, Sequence) else [config or EngineConfig()] * engines
-    holder: list[Fleet] = []
-
-    def on_finish(seq: Seq, t: float) -> None:
-        holder[0].on_finish(seq, t)
-
     engs = [
         ContinuousEngine(
             f"i{k}",
@@ -145,7 +141,6 @@ def make_fleet(
             model or ConstModel(),  # type: ignore[arg-type]
             schedule=loop.schedule,
             schedule_late=loop.schedule_late,
-            on_finish=on_finish,
             record=InstanceRecord(f"i{k}", "FAKE", "m", 1.0),
             tbt=tbt,
         )
@@ -153,16 +148,18 @@ def make_fleet(
     ]
     rt = router or RoundRobin()
     fleet = Fleet(
-        loop=loop,
-        engines=engs,
-        router=rt,  # type: ignore[arg-type]
-        workload=workload,
-        model="m",
-        block_size=configs[0].block_size,
-        tbt=tbt,
-        sample_interval_s=sample_interval_s,
+        FleetContext(
+            loop=loop,
+            engines=engs,
+            router=rt,  # type: ignore[arg-type]
+            workload=workload,
+            model="m",
+            block_size=configs[0].block_size,
+            tbt=tbt,
+            sample_interval_s=sample_interval_s,
+            precise_kv=precise_kv,
+        )
     )
-    holder.append(fleet)
     return Harness(loop, fleet, engs, tbt, rt, workload)
 
 

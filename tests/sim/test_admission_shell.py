@@ -17,11 +17,13 @@ from tokenplane.core.economics import TokenCosts
 from tokenplane.core.routing import build_router
 from tokenplane.core.task_admission import TaskAwareAdmission
 from tokenplane.core.views import RequestInfo, WorkflowContext
-from tokenplane.sim.admission_shell import AdmissionFleet
-from tokenplane.sim.engine import ContinuousEngine, EngineConfig, Seq
+from tokenplane.sim.admission_shell import AdmissionGate
+from tokenplane.sim.engine import ContinuousEngine, EngineConfig
 from tokenplane.sim.faults import ClientSpec
+from tokenplane.sim.fleet import Fleet, FleetContext
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.records import InstanceRecord, TbtHistogram
+from tokenplane.sim.resilience import ResilientDispatch
 from tokenplane.sim.runner import run_scenario
 from tokenplane.sim.scenario import AdmissionSettings, parse_scenario
 from tokenplane.sim.workloads.base import RequestSpec
@@ -38,15 +40,10 @@ def make_fleet(
     engines: int = 1,
     clients: ClientSpec | None = None,
     **admission: Any,
-) -> tuple[AdmissionFleet, Any]:
+) -> tuple[Fleet, AdmissionGate, Any]:
     loop = EventLoop()
     tbt = TbtHistogram()
     cfg = EngineConfig()
-    holder: list[AdmissionFleet] = []
-
-    def on_finish(seq: Seq, t: float) -> None:
-        holder[0].on_finish(seq, t)
-
     engs = [
         ContinuousEngine(
             f"i{k}",
@@ -54,14 +51,13 @@ def make_fleet(
             fakes.ConstModel(DT),
             schedule=loop.schedule,
             schedule_late=loop.schedule_late,
-            on_finish=on_finish,
             record=InstanceRecord(f"i{k}", "FAKE", "m", 1.0),
             tbt=tbt,
         )
         for k in range(engines)
     ]
     workload = fakes.ListWorkload(list(specs))
-    fleet = AdmissionFleet(
+    ctx = FleetContext(
         loop=loop,
         engines=engs,
         router=build_router("least-requests", random.Random(0)),
@@ -69,12 +65,10 @@ def make_fleet(
         model="m",
         block_size=cfg.block_size,
         tbt=tbt,
-        clients=clients,
-        admission=AdmissionSettings(**admission),
-        prices={e.id: PRICE for e in engs},
     )
-    holder.append(fleet)
-    return fleet, workload
+    gate = AdmissionGate(AdmissionSettings(**admission), {e.id: PRICE for e in engs})
+    fleet = Fleet(ctx, ResilientDispatch(clients=clients, gate=gate))
+    return fleet, gate, workload
 
 
 def spec(rid: int, t: float, out: int = 100, *, step: int = 0, total: int = 5, wf: str = "") -> RequestSpec:
@@ -88,7 +82,7 @@ def test_every_request_ends_exactly_once_and_the_queue_stays_bounded(
 ) -> None:
     rng = random.Random(1)
     specs = [spec(i, i * 0.02, out=rng.randint(20, 400), step=1 + i % 5, wf=f"w{i // 5}") for i in range(400)]
-    fleet, workload = make_fleet(
+    fleet, gate, workload = make_fleet(
         fakes,
         specs,
         engines=2,
@@ -109,8 +103,8 @@ def test_every_request_ends_exactly_once_and_the_queue_stays_bounded(
     assert sorted(ended) == list(range(400))
     assert set(ended.values()) == {1}  # exactly once
     assert all(r.ok or r.reason for r in records)  # none left without an outcome
-    assert fleet.max_queue_depth <= 16
-    assert not fleet._queued and fleet.queue.depth == 0
+    assert gate.max_queue_depth <= 16
+    assert not gate._queued and gate.queue.depth == 0
     assert any(not r.ok for r in records)  # it was overloaded
     assert all(e.view().outstanding_requests == 0 for e in fleet.engines)
 
@@ -123,7 +117,7 @@ def _constructed_overload(fakes: SimpleNamespace, policy: str) -> dict[int, str]
         spec(1, 0.1, out=10, step=1),
         spec(2, 0.2, out=10, step=5, wf="old"),
     ]
-    fleet, _ = make_fleet(
+    fleet, gate, _ = make_fleet(
         fakes,
         specs,
         policy=policy,
@@ -132,7 +126,7 @@ def _constructed_overload(fakes: SimpleNamespace, policy: str) -> dict[int, str]
         queue={"max_depth": 1},
         value={"usd_per_million_tokens": 0.1},
     )
-    fleet.spend["old"] = 4 * 300 * 0.1e-6  # four earlier steps of the same size
+    gate.spend["old"] = 4 * 300 * 0.1e-6  # four earlier steps of the same size
     records = fleet.run().records
     return {r.request_id: ("ok" if r.ok else r.reason) for r in records}
 
@@ -170,7 +164,7 @@ def test_task_aware_retries_a_late_step_once(fakes: SimpleNamespace) -> None:
     specs = [spec(0, 0.0, out=300), spec(1, 0.0, out=10, step=3, wf="w")]
     outcomes = {}
     for policy in ("request-level", "task-aware"):
-        fleet, _ = make_fleet(
+        fleet, gate, _ = make_fleet(
             fakes,
             specs,
             clients=ClientSpec(timeout_s=1.0),
@@ -179,10 +173,10 @@ def test_task_aware_retries_a_late_step_once(fakes: SimpleNamespace) -> None:
             retry_delay_s=2.5,
             value={"usd_per_million_tokens": 0.1},
         )
-        fleet.spend["w"] = 2 * 300 * 0.1e-6
+        gate.spend["w"] = 2 * 300 * 0.1e-6
         records = fleet.run().records
         (r1,) = [r for r in records if r.request_id == 1]
-        outcomes[policy] = (r1.ok, r1.reason, fleet.adm["task_retries"])
+        outcomes[policy] = (r1.ok, r1.reason, gate.adm["task_retries"])
     # step 3 expires in the queue at 1 s (its client's timeout) behind the 3 s request
     assert outcomes["request-level"] == (False, "expired", 0)
     assert outcomes["task-aware"] == (True, "", 1)
@@ -235,11 +229,11 @@ def test_kv_working_set_limit_refuses_new_tasks_at_step_1_only(fakes: SimpleName
     ]
     outcomes = {}
     for frac in (0.005, None):
-        fleet, _ = make_fleet(fakes, specs, policy="task-aware", kv_working_set_fraction=frac)
+        fleet, gate, _ = make_fleet(fakes, specs, policy="task-aware", kv_working_set_fraction=frac)
         records = fleet.run().records
         outcomes[frac] = {r.request_id: ("ok" if r.ok else r.reason) for r in records}
         if frac is not None:  # "a" finished and left the working set, "b" never entered it
-            assert list(fleet._contexts) == ["c"] and fleet._working_set_tokens == 300
+            assert list(gate._contexts) == ["c"] and gate._working_set_tokens == 300
     assert outcomes[0.005] == {0: "ok", 1: "kv_working_set", 2: "ok", 3: "ok", 4: "ok", 5: "ok"}
     assert set(outcomes[None].values()) == {"ok"}
 
@@ -278,7 +272,7 @@ def test_an_interactive_reserve_in_the_twin(fakes: SimpleNamespace, reserve: dic
     specs = [req(0, 0.0, 5, 1, "light")]
     specs += [req(1 + i, 0.1 + i * 0.001, 1000, 0, "heavy") for i in range(24)]
     specs += [req(100 + i, 2.0, 10, 1, "light") for i in range(4)]
-    fleet, _ = make_fleet(
+    fleet, _gate, _ = make_fleet(
         fakes, specs, max_in_flight_per_instance=8, queue={"reserve": reserve} if reserve else {}
     )
     records = {r.request_id: r for r in fleet.run().records}

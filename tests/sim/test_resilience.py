@@ -21,11 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenplane.core.routing import build_router
+from tokenplane.sim.controls import ControlHooks, CoreControls
 from tokenplane.sim.engine import ContinuousEngine, EngineConfig, Seq
 from tokenplane.sim.faults import ClientSpec, ControlSpec, FaultSpec
+from tokenplane.sim.fleet import Fleet, FleetContext
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
-from tokenplane.sim.resilience import ControlHooks, CoreControls, ResilientFleet
+from tokenplane.sim.resilience import ResilientDispatch
 from tokenplane.sim.runner import run_scenario
 from tokenplane.sim.scenario import parse_scenario
 from tokenplane.sim.workloads.base import RequestSpec
@@ -45,7 +47,8 @@ class Submit:
 @dataclass
 class RHarness:
     loop: EventLoop
-    fleet: ResilientFleet
+    fleet: Fleet
+    path: ResilientDispatch
     engines: list[ContinuousEngine]
     submits: list[Submit] = field(default_factory=list)
 
@@ -55,7 +58,7 @@ class RHarness:
 
     @property
     def c(self) -> dict[str, int]:
-        return self.fleet.counters
+        return self.path.counters
 
     def rec(self, request_id: int) -> RequestRecord:
         (r,) = [r for r in self.fleet.records if r.request_id == request_id]
@@ -79,15 +82,10 @@ def make_resilient(
     router: str | object = "round-robin",
     seed: int = 0,
 ) -> RHarness:
-    """A :class:`ResilientFleet` over constant-step engines, recording every engine submission."""
+    """A fleet on the resilient path over constant-step engines, recording every engine submission."""
     loop = EventLoop()
     tbt = TbtHistogram()
     cfg = config or EngineConfig()
-    holder: list[ResilientFleet] = []
-
-    def on_finish(seq: Seq, t: float) -> None:
-        holder[0].on_finish(seq, t)
-
     engs = [
         ContinuousEngine(
             f"i{k}",
@@ -95,13 +93,12 @@ def make_resilient(
             model or fakes.ConstModel(DT),  # type: ignore[arg-type]
             schedule=loop.schedule,
             schedule_late=loop.schedule_late,
-            on_finish=on_finish,
             record=InstanceRecord(f"i{k}", "FAKE", "m", 1.0),
             tbt=tbt,
         )
         for k in range(engines)
     ]
-    fleet = ResilientFleet(
+    ctx = FleetContext(
         loop=loop,
         engines=engs,
         router=build_router(router, random.Random(seed)) if isinstance(router, str) else router,  # type: ignore[arg-type]
@@ -109,14 +106,15 @@ def make_resilient(
         model="m",
         block_size=cfg.block_size,
         tbt=tbt,
+    )
+    path = ResilientDispatch(
         clients=clients,
         controls=controls,
         faults=faults,
         hooks=hooks,
         seed=seed,
     )
-    holder.append(fleet)
-    h = RHarness(loop, fleet, engs)
+    h = RHarness(loop, Fleet(ctx, path), path, engs)
     for e in engs:
         original = e.submit
 
@@ -134,8 +132,8 @@ def assert_idle_and_clean(h: RHarness, fakes: SimpleNamespace) -> None:
         assert e.n_dec == 0, e.id
         assert e.outstanding_tokens == 0, e.id
         fakes.assert_kv_clean(e)
-    assert h.fleet._in_flight == 0
-    assert not h.fleet._pending
+    assert h.fleet.in_flight == 0
+    assert not h.path._pending
 
 
 def spec(rid: int, t: float, prompt: int = 100, out: int = 10) -> RequestSpec:
@@ -167,7 +165,7 @@ def test_lost_mid_stream_continues_on_another_instance(fakes: SimpleNamespace) -
     assert k + cont.spec.output_tokens == r.output_tokens == 10
     # the continuation prefills at once on i1 (next token at 0.065), then 4 more tokens
     assert r.finish_s == pytest.approx(0.055 + (10 - k) * DT, abs=APPROX)
-    assert h.fleet.resume_gaps == [pytest.approx(DT, abs=APPROX)]
+    assert h.path.resume_gaps == [pytest.approx(DT, abs=APPROX)]
     assert h.c["streams_interrupted"] == 1
     assert h.c["streams_completed_after_loss"] == 1
     assert h.c["continuations"] == 1 and h.c["retries"] == 0
@@ -460,8 +458,8 @@ def test_breaker_takes_a_timing_out_instance_out_of_routing(fakes: SimpleNamespa
     opened_at = on_i0[-1].t + 0.5
     assert all(s.instance != "i0" for s in h.submits if s.t >= opened_at)
     assert all(r.ok for r in h.fleet.records)
-    assert isinstance(h.fleet.hooks, CoreControls)
-    assert h.fleet.hooks.events == {"breaker_to_open_consecutive_failures": 1}
+    assert isinstance(h.path.hooks, CoreControls)
+    assert h.path.hooks.events == {"breaker_to_open_consecutive_failures": 1}
     assert_idle_and_clean(h, fakes)
 
 
@@ -635,7 +633,7 @@ def test_every_request_ends_once_and_engines_end_clean(
         assert c["continuations"] == 0
     if controls.cancel_on_timeout:
         assert c["zombie_completions"] == 0
-    assert all(g >= 0 for g in h.fleet.resume_gaps)
+    assert all(g >= 0 for g in h.path.resume_gaps)
     assert_idle_and_clean(h, fakes)
 
 

@@ -261,3 +261,26 @@ def test_progress_callback_is_asked_per_run() -> None:
 
     run_scenario(parse_scenario(_scenario([{"name": "a"}, {"name": "b"}])), progress=progress)
     assert asked == ["a", "b"]
+
+
+def test_precise_kv_routes_on_the_engines_caches() -> None:
+    # scenario key routing: {precise_kv: true} fills cached_prefix_tokens from the engines
+    workload = _synthetic(shared_prefix_tokens=2048, prefix_groups=8)
+    runs = [
+        {"name": "index", "router": "prefix-affinity"},
+        {"name": "precise", "router": "prefix-affinity", "routing": {"precise_kv": True}},
+    ]
+    out = run_scenario(parse_scenario(_scenario(runs, workload=workload, fleet={"instances": 6})))
+    index, precise = out["index"], out["precise"]
+    reasons = {r.route_reason for r in precise.result.records}
+    assert "kv_cache_match" in reasons and "prefix_match" not in reasons
+    assert "kv_cache_match" not in {r.route_reason for r in index.result.records}
+    assert precise.report["requests_completed"] == N
+    assert precise.report["prefix_hit_ratio"] > 0.5 * index.report["prefix_hit_ratio"]
+
+
+def test_precise_kv_is_validated() -> None:
+    from tokenplane.sim.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match="precise"):
+        parse_scenario(_scenario([{"router": "prefix-affinity", "routing": {"precise_kv": "maybe"}}]))

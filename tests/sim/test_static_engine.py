@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from tokenplane.sim.engine import EngineConfig
-from tokenplane.sim.fleet import Fleet, FleetResult
+from tokenplane.sim.fleet import Fleet, FleetContext, FleetResult
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
 from tokenplane.sim.static_engine import DEFAULT_STATIC_MAX_LEN, StaticEngine
@@ -35,27 +35,26 @@ def make_static(
 ) -> StaticHarness:
     loop = EventLoop()
     tbt = TbtHistogram()
-    holder: list[Fleet] = []
     engine = StaticEngine(
         "s0",
         config,
         model,  # type: ignore[arg-type]
         schedule=loop.schedule,
         schedule_late=loop.schedule_late,
-        on_finish=lambda seq, t: holder[0].on_finish(seq, t),
         record=InstanceRecord("s0", "FAKE", "m", 1.0),
         tbt=tbt,
     )
     fleet = Fleet(
-        loop=loop,
-        engines=[engine],
-        router=fakes.RoundRobin(),
-        workload=fakes.ListWorkload(list(specs)),
-        model="m",
-        block_size=config.block_size,
-        tbt=tbt,
+        FleetContext(
+            loop=loop,
+            engines=[engine],
+            router=fakes.RoundRobin(),
+            workload=fakes.ListWorkload(list(specs)),
+            model="m",
+            block_size=config.block_size,
+            tbt=tbt,
+        )
     )
-    holder.append(fleet)
     return StaticHarness(fleet, engine, tbt)
 
 

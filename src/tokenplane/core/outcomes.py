@@ -25,6 +25,9 @@ class AttemptResult(StrEnum):
     FAILED_BEFORE_FIRST_BYTE = "failed_before_first_byte"
     FAILED_MID_STREAM = "failed_mid_stream"
     TIMEOUT = "timeout"
+    # The twin's client gave up on the attempt (its own timeout, or a broken stream it will not
+    # splice) and re-sends the request from scratch: what it had received does not count.
+    CLIENT_RESTART = "client_restart"
 
 
 class AttemptOutcome(msgspec.Struct, frozen=True):

@@ -20,13 +20,22 @@ synchronously from its event loop and the gateway from a coroutine; :func:`drive
 synchronous driver. Rules, in order, after a failed attempt:
 
 1. tokens already delivered to the client make the next attempt a CONTINUATION (a fresh retry would
-   repeat text); if continuation is off for the tenant, the request FAILS (``CONTINUATION_DISABLED``);
-2. at most ``max_attempts`` attempts in all (first, retries and continuations together);
+   repeat text); if continuation is off for the tenant, the request FAILS (``CONTINUATION_DISABLED``).
+   A ``CLIENT_RESTART`` outcome (the twin's client gave up and re-sends from scratch) discards what
+   was delivered, so the next attempt is a RETRY;
+2. at most ``max_attempts`` attempts in all (first, retries and continuations together), or
+   ``max_continuation_attempts`` when the next one is a continuation and that is set (a shell may let
+   a stream the user is reading be resumed more often than a request is retried);
 3. no attempt once ``now >= deadline``, nor when ``now + delay + predicted_attempt_s`` passes it;
 4. the budget must allow it (requests, then tokens);
 5. the next attempt excludes every instance tried so far (``Attempt.exclude``, for the router), after
    ``delay_s``: exponential backoff ``backoff_base_s × backoff_multiplier ** (retry - 1)`` capped at
    ``backoff_max_s``, with full jitter when an RNG is passed.
+
+Costs charged to the budget (:func:`first_attempt_cost`, :func:`retry_cost`), the same in both shells:
+a first attempt ``prompt + max_output``; a retry or continuation ``prompt + delivered + remaining``
+(``remaining = max(0, max_output - delivered)``). ``budget=None`` plans without a budget (a twin run
+with no control plane); everything else is unchanged.
 
 Params (:meth:`RetryBudget.from_params`, :meth:`RetryPolicy.from_params`)::
 
@@ -49,8 +58,8 @@ from typing import Any
 import msgspec
 
 from tokenplane.core.errors import InvalidPolicyConfig
-from tokenplane.core.outcomes import AttemptOutcome, TerminalOutcome
-from tokenplane.core.routing._params import ParamReader
+from tokenplane.core.outcomes import AttemptOutcome, AttemptResult, TerminalOutcome
+from tokenplane.core.params import ParamReader
 from tokenplane.core.state_store import CounterStore, SlidingWindowCounterStore
 from tokenplane.core.views import InstanceId, RequestInfo
 
@@ -152,6 +161,13 @@ class RetryPolicy(msgspec.Struct, frozen=True):
     backoff_base_s: float = 0.05
     backoff_multiplier: float = 2.0
     backoff_max_s: float = 1.0
+    max_continuation_attempts: int | None = None  # None: continuations count against max_attempts
+
+    def cap(self, kind: AttemptKind) -> int:
+        """The most attempts in all when the next one is of ``kind``."""
+        if kind is AttemptKind.CONTINUATION and self.max_continuation_attempts is not None:
+            return self.max_continuation_attempts
+        return self.max_attempts
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> RetryPolicy:
@@ -162,6 +178,11 @@ class RetryPolicy(msgspec.Struct, frozen=True):
             backoff_base_s=r.float_("backoff_base_s", d.backoff_base_s, min_value=0.0),
             backoff_multiplier=r.float_("backoff_multiplier", d.backoff_multiplier, min_value=1.0),
             backoff_max_s=r.float_("backoff_max_s", d.backoff_max_s, min_value=0.0),
+            max_continuation_attempts=(
+                r.int_("max_continuation_attempts", 1, min_value=1)
+                if r.has("max_continuation_attempts")
+                else None
+            ),
         )
 
     def delay_s(self, retry: int, rng: random.Random | None) -> float:
@@ -210,10 +231,21 @@ class PlanResult(msgspec.Struct, frozen=True):
 RetryPlan = Generator[Attempt, AttemptOutcome, PlanResult]
 
 
+def first_attempt_cost(request: RequestInfo) -> int:
+    """Tokens a first attempt counts in the budget: the prompt and the output it may produce."""
+    return request.prompt_tokens + request.max_output_tokens
+
+
+def retry_cost(request: RequestInfo, delivered: int) -> int:
+    """Tokens a retry (``delivered == 0``) or continuation costs: what the upstream processes again."""
+    remaining = max(0, request.max_output_tokens - delivered)
+    return request.prompt_tokens + delivered + remaining
+
+
 def attempts(
     request: RequestInfo,
     *,
-    budget: RetryBudget,
+    budget: RetryBudget | None,
     now: float,
     policy: RetryPolicy | None = None,
     deadline_s: float | None = None,
@@ -223,8 +255,9 @@ def attempts(
 ) -> RetryPlan:
     """Yield attempts for ``request`` and receive their outcomes; see the module docstring."""
     policy = policy or RetryPolicy()
-    cost = request.prompt_tokens + request.max_output_tokens
-    budget.on_first_attempt(cost, now=now)
+    cost = first_attempt_cost(request)
+    if budget is not None:
+        budget.on_first_attempt(cost, now=now)
     tried: list[InstanceId] = []
     delivered = 0
     number = 1
@@ -232,7 +265,10 @@ def attempts(
     while True:
         if outcome.instance_id is not None:
             tried.append(outcome.instance_id)
-        delivered += max(0, outcome.tokens_delivered)
+        if outcome.result is AttemptResult.CLIENT_RESTART:
+            delivered = 0
+        else:
+            delivered += max(0, outcome.tokens_delivered)
         end = _Ender(number, delivered, tuple(tried))
         if outcome.ok:
             return end(TerminalOutcome.COMPLETED, RetryReason.SUCCEEDED)
@@ -240,7 +276,7 @@ def attempts(
         kind = AttemptKind.CONTINUATION if delivered > 0 else AttemptKind.RETRY
         if kind is AttemptKind.CONTINUATION and not allow_continuation:
             return end(TerminalOutcome.FAILED, RetryReason.CONTINUATION_DISABLED)
-        if number >= policy.max_attempts:
+        if number >= policy.cap(kind):
             return end(TerminalOutcome.FAILED, RetryReason.ATTEMPTS_EXHAUSTED)
         delay = policy.delay_s(number, rng)
         if deadline_s is not None:
@@ -248,13 +284,13 @@ def attempts(
                 return end(TerminalOutcome.FAILED, RetryReason.DEADLINE_PASSED)
             if t + delay + predicted_attempt_s > deadline_s:
                 return end(TerminalOutcome.FAILED, RetryReason.DEADLINE_UNREACHABLE)
-        remaining = max(0, request.max_output_tokens - delivered)
-        retry_cost = request.prompt_tokens + delivered + remaining
-        decision = budget.try_spend(retry_cost, now=t)
-        if not decision.allowed:
-            return end(TerminalOutcome.FAILED, decision.reason)
+        again = retry_cost(request, delivered)
+        if budget is not None:
+            decision = budget.try_spend(again, now=t)
+            if not decision.allowed:
+                return end(TerminalOutcome.FAILED, decision.reason)
         number += 1
-        outcome = yield Attempt(number, kind, frozenset(tried), delay, delivered, retry_cost)
+        outcome = yield Attempt(number, kind, frozenset(tried), delay, delivered, again)
 
 
 class _Ender(msgspec.Struct, frozen=True):

@@ -1,8 +1,9 @@
 """A gateway-like admission layer in the twin: bounded queue, load shedding, task-aware policies.
 
 Used when a scenario sets ``admission: {...}`` (:class:`~tokenplane.sim.scenario.AdmissionSettings`).
-It sits between the clients of :class:`~tokenplane.sim.resilience.ResilientFleet` (timeouts,
-retries) and the router, and drives the core's policies as the gateway does:
+It is a part (:class:`AdmissionGate`, the :class:`~tokenplane.sim.resilience.Gate` protocol) of the
+resilient request path (:class:`~tokenplane.sim.resilience.ResilientDispatch`): it sits between its
+clients (timeouts, retries) and the router, and drives the core's policies as the gateway does:
 
 * every instance takes at most ``max_in_flight_per_instance`` requests (running + waiting in the
   engine); a request that finds no free slot waits in the core
@@ -60,7 +61,7 @@ import msgspec
 
 from tokenplane.core.admission import AdmissionQueue, PriorityClass
 from tokenplane.core.economics import TokenCosts
-from tokenplane.core.retry_budget import RetryBudget
+from tokenplane.core.retry_budget import RetryBudget, first_attempt_cost, retry_cost
 from tokenplane.core.shedding import LoadShedder, TtftPredictor, load_signal
 from tokenplane.core.task_admission import (
     KvWorkingSetLimit,
@@ -70,14 +71,15 @@ from tokenplane.core.task_admission import (
     peak_context_tokens,
     starts_reusable_task,
 )
-from tokenplane.core.views import InstanceView, RequestInfo, RouteDecision, RouteReason
+from tokenplane.core.views import InstanceView, RequestInfo
 from tokenplane.core.workflow_value import WorkflowValueModel
 from tokenplane.sim.engine import Seq
-from tokenplane.sim.resilience import ResilientFleet, _Pending
+from tokenplane.sim.resilience import ResilientDispatch, _Pending
+from tokenplane.sim.retry_driver import PlanDriver
 from tokenplane.sim.scenario import AdmissionSettings
 from tokenplane.sim.workloads.base import RequestSpec
 
-__all__ = ["AdmissionFleet", "build_admission_policies"]
+__all__ = ["AdmissionGate", "build_admission_policies"]
 
 RATE_ALPHA = 0.05
 WORKING_SET_STALE_S = 300.0
@@ -99,11 +101,10 @@ def build_admission_policies(
     )
 
 
-class AdmissionFleet(ResilientFleet):
-    def __init__(
-        self, *, admission: AdmissionSettings, prices: Mapping[str, TokenCosts], **kwargs: Any
-    ) -> None:
-        super().__init__(**kwargs)
+class AdmissionGate:
+    """The admission layer of the twin's resilient request path (see the module docstring)."""
+
+    def __init__(self, admission: AdmissionSettings, prices: Mapping[str, TokenCosts]) -> None:
         self.settings = admission
         self.task_aware = admission.policy == "task-aware"
         self.queue, self.shedder, self.policy, self.retry_budget = build_admission_policies(admission)
@@ -151,18 +152,27 @@ class AdmissionFleet(ResilientFleet):
         self.max_context_tokens = 0
         self.adm["refused_kv_working_set"] = 0
 
+    def bind(self, path: ResilientDispatch) -> None:
+        self.path = path
+        self.fleet = path.fleet
+
     # -- arrivals: fill the workflow's sunk cost ---------------------------------------------------
-    def _admit(self, now: float, spec: RequestSpec) -> None:
+    def on_arrival(self, now: float, spec: RequestSpec) -> RequestSpec:
         wf = spec.workflow
         if wf is not None:
             sunk = self.spend.get(wf.workflow_id, 0.0)
             spec = msgspec.structs.replace(spec, workflow=msgspec.structs.replace(wf, sunk_cost_usd=sunk))
-        self.retry_budget.on_first_attempt(spec.prompt_tokens + spec.output_tokens, now=now)
-        super()._admit(now, spec)
+        info = RequestInfo(
+            request_id=str(spec.request_id),
+            model=spec.model or self.fleet.model,
+            prompt_tokens=spec.prompt_tokens,
+            max_output_tokens=spec.max_output_tokens or spec.output_tokens,
+        )
+        self.retry_budget.on_first_attempt(first_attempt_cost(info), now=now)
+        return spec
 
-    def _used(self, seq: Seq, instance_id: str, *, delivered: bool, finished: bool) -> None:
-        super()._used(seq, instance_id, delivered=delivered, finished=finished)
-        _, iid, pre, out, _ = self.attempt_usage[-1]
+    def on_used(self, seq: Seq, instance_id: str, *, delivered: bool) -> None:
+        _, iid, pre, out, _ = self.path.attempt_usage[-1]
         wf = seq.spec.workflow
         c = self.prices.get(iid)
         if wf is not None and c is not None:
@@ -191,7 +201,7 @@ class AdmissionFleet(ResilientFleet):
         self._policy_rate = self._rate
 
     # -- the gate ----------------------------------------------------------------------------------
-    def _dispatch(self, p: _Pending, now: float) -> None:
+    def dispatch(self, now: float, p: _Pending) -> None:
         self._gate(p, now)
 
     def _info(self, p: _Pending, now: float) -> RequestInfo:
@@ -201,7 +211,7 @@ class AdmissionFleet(ResilientFleet):
             wf = msgspec.structs.replace(wf, sunk_cost_usd=self._sunk(spec))
         return RequestInfo(
             request_id=str(spec.request_id),
-            model=spec.model or self.model,
+            model=spec.model or self.fleet.model,
             prompt_tokens=spec.prompt_tokens,
             max_output_tokens=spec.max_output_tokens or spec.output_tokens,
             tenant=spec.tenant,
@@ -226,9 +236,9 @@ class AdmissionFleet(ResilientFleet):
             if self.task_aware
             else PriorityClass.from_value(info.priority)
         )
-        budget = self.clients.timeout_s
+        budget = self.path.clients.timeout_s
         deadline = self.queue.deadline_for(info, cls, budget)
-        views = self._fresh_views()
+        views = self.fleet.fresh_views()
         if self.working_set is not None and not self._working_set_admits(p, info, views, now):
             return
         capacity, total = self._capacity(views)
@@ -264,7 +274,7 @@ class AdmissionFleet(ResilientFleet):
             self.adm["queued"] += 1
             self._queued[info.request_id] = (p, info)
             self.max_queue_depth = max(self.max_queue_depth, self.queue.depth)
-            self.loop.schedule(adm.deadline_s, self._on_deadline, None)
+            self.fleet.loop.schedule(adm.deadline_s, self._on_deadline, None)
             self._start_ticking(now)
         else:
             self._refuse(p, now, adm.reason.value)
@@ -348,23 +358,23 @@ class AdmissionFleet(ResilientFleet):
             self._set_context(wf.workflow_id, tokens, wf.step, wf.total_steps, now)
 
     def _send(self, p: _Pending, info: RequestInfo, now: float) -> None:
-        before = self._uid
-        ResilientFleet._dispatch(self, p, now)
-        if self._uid == before:  # not submitted (no instance, too long): release the reservation
+        before = self.fleet.uid
+        self.path.send(now, p)
+        if self.fleet.uid == before:  # not submitted (no instance, too long): release the reservation
             self.queue.on_finish(info, now=now)
 
     def _refuse(self, p: _Pending, now: float, reason: str) -> None:
         wf = p.spec.workflow
         key = f"{reason}@step{wf.step if wf is not None else 1}"
         self.refused_by_step[key] = self.refused_by_step.get(key, 0) + 1
-        self._end(p, now, ok=False, reason=reason)
+        self.path.end(p, now, ok=False, reason=reason)
 
-    def _end(self, p: _Pending, now: float, *, ok: bool, reason: str) -> None:
-        if not ok and self.task_aware and reason != "too_long" and self._task_retry(p, now):
-            return
+    def retry_instead(self, p: _Pending, now: float, *, ok: bool, reason: str) -> bool:
+        return not ok and self.task_aware and reason != "too_long" and self._task_retry(p, now)
+
+    def on_end(self, p: _Pending, now: float, *, ok: bool) -> None:
         if self.working_set is not None:
             self._task_ended_or_moved_on(p, now, ok=ok)
-        super()._end(p, now, ok=ok, reason=reason)
 
     def _task_retry(self, p: _Pending, now: float) -> bool:
         """A budgeted retry for a step of a started task whose failure would end it."""
@@ -382,52 +392,40 @@ class AdmissionFleet(ResilientFleet):
         if not self.policy.retry_worth(info, cost, self.settings.retry_p_success, now=now):
             self.adm["task_retries_not_worth"] += 1
             return False
-        if not self.retry_budget.try_spend(info.prompt_tokens + info.max_output_tokens, now=now).allowed:
+        if not self.retry_budget.try_spend(retry_cost(info, 0), now=now).allowed:
             self.adm["task_retries_over_budget"] += 1
             return False
         self._step_retries[rid] = n + 1
         self.adm["task_retries"] += 1
         p.delivered = 0
         p.seq = None
-        self.loop.schedule(now + self.settings.retry_delay_s, self._regate, p)
+        # The step starts over under a fresh plan of the core's (its first one has ended).
+        self.fleet.loop.schedule(
+            now + self.settings.retry_delay_s, self._regate, self.path.start_plan(p, now)
+        )
         return True
 
-    def _regate(self, now: float, p: _Pending) -> None:
-        self._gate(p, now)
+    def _regate(self, now: float, driver: PlanDriver[_Pending]) -> None:
+        driver.start(now)
 
     # -- capacity and the queue ----------------------------------------------------------------------
-    def _fresh_views(self) -> list[InstanceView]:
-        views = self.views
-        if self._changed:
-            for i in self._changed:
-                views[i] = self.engines[i].view()
-            self._changed.clear()
-        return views
-
     def _capacity(self, views: Sequence[InstanceView]) -> tuple[int, int]:
         """(free slots, all slots) over the ready, healthy instances."""
         cap = self.cap
         usable = [v for v in views if v.ready and v.healthy]
         return sum(max(0, cap - v.outstanding_requests) for v in usable), cap * len(usable)
 
-    def _route(self, info: RequestInfo, p: _Pending, now: float) -> RouteDecision:
-        views = self._fresh_views()
+    def usable(self, candidates: Sequence[InstanceView]) -> Sequence[InstanceView]:
+        """Instances with a free slot (``max_in_flight_per_instance``)."""
         cap = self.cap
-        candidates: Sequence[InstanceView] = [
-            v for v in self.hooks.filter_views(views, now=now) if v.outstanding_requests < cap
-        ]
-        if p.attempt > 1 and self.controls.retry_elsewhere and p.tried:
-            others = [v for v in candidates if v.instance_id not in p.tried]
-            candidates = others or candidates
-        if not candidates:
-            return RouteDecision(None, RouteReason.NO_CANDIDATES)
-        return self.router.select(info, candidates, now=now)
+        return [v for v in candidates if v.outstanding_requests < cap]
 
-    def _pump(self, now: float) -> None:
+    def pump(self, now: float) -> None:
+        """Dispatch queued requests into the slots that freed up."""
         self._expire(now)
         if not self.queue.depth:
             return
-        capacity, total = self._capacity(self._fresh_views())
+        capacity, total = self._capacity(self.fleet.fresh_views())
         while capacity > 0:
             item = self.queue.next(now=now, capacity=capacity, total_capacity=total)
             if item is None:
@@ -443,36 +441,22 @@ class AdmissionFleet(ResilientFleet):
             self._refuse(p, now, "expired")
 
     def _on_deadline(self, now: float, _: object) -> None:
-        self._pump(now)
+        self.pump(now)
 
     def _start_ticking(self, now: float) -> None:
         if not self._ticking:
             self._ticking = True
-            self.loop.schedule(now + self.settings.pump_interval_s, self._tick, None)
+            self.fleet.loop.schedule(now + self.settings.pump_interval_s, self._tick, None)
 
     def _tick(self, now: float, _: object) -> None:
-        self._pump(now)
+        self.pump(now)
         if self.queue.depth:
-            self.loop.schedule(now + self.settings.pump_interval_s, self._tick, None)
+            self.fleet.loop.schedule(now + self.settings.pump_interval_s, self._tick, None)
         else:
             self._ticking = False
 
-    # -- where slots free up --------------------------------------------------------------------------
-    def on_finish(self, seq: Seq, now: float) -> None:
-        super().on_finish(seq, now)
-        self._pump(now)
-
-    def _on_timeout(self, now: float, arg: tuple[_Pending, int]) -> None:
-        super()._on_timeout(now, arg)
-        self._pump(now)
-
-    def _lose(self, engine: Any, now: float) -> None:
-        super()._lose(engine, now)
-        self._pump(now)
-
-    @property
     def has_work(self) -> bool:
-        return super().has_work or bool(self._queued)
+        return bool(self._queued)
 
     def report_extra(self) -> dict[str, Any]:
         return {

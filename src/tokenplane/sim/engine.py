@@ -115,6 +115,10 @@ TokenFn = Callable[[Seq, float], None]
 ScheduleFn = Callable[[float, Callable[[float, object], None], object], None]
 
 
+def _ignore_finish(seq: Seq, now: float) -> None:
+    """An engine not yet bound to a fleet reports finishes nowhere."""
+
+
 class ContinuousEngine:
     """One instance: owns its queue, batch and KV cache; the fleet drives it through events."""
 
@@ -171,7 +175,7 @@ class ContinuousEngine:
         step_times: StepTimes,
         *,
         schedule: ScheduleFn,
-        on_finish: FinishFn,
+        on_finish: FinishFn | None = None,
         record: InstanceRecord,
         tbt: TbtHistogram,
         schedule_late: ScheduleFn | None = None,
@@ -191,7 +195,7 @@ class ContinuousEngine:
         )
         self._schedule = schedule
         self._schedule_late = schedule_late or schedule
-        self._on_finish = on_finish
+        self._on_finish: FinishFn = on_finish or _ignore_finish
         self.record = record
         self.tbt = tbt
         self.waiting: deque[Seq] = deque()
@@ -253,11 +257,14 @@ class ContinuousEngine:
         elif self._in_run and len(self.running) < self.cfg.max_num_seqs:
             self._interrupt(now)
 
-    def bind(self, index: int, changed: set[int]) -> None:
-        """Report state changes as ``index`` into the fleet's shared ``changed`` set."""
+    def bind(self, index: int, changed: set[int], on_finish: FinishFn | None = None) -> None:
+        """Report state changes as ``index`` into the fleet's shared ``changed`` set, and finished
+        sequences to ``on_finish`` when given (the fleet that owns the engine)."""
         self.index = index
         self.changed = changed
         changed.add(index)
+        if on_finish is not None:
+            self._on_finish = on_finish
 
     def set_slow(self, factor: float, now: float) -> None:
         """Multiply step times by ``factor`` from the next step boundary on."""
@@ -346,6 +353,15 @@ class ContinuousEngine:
 
     def busy_seconds(self, now: float) -> float:
         return self.record.busy_s + (now - self.busy_since if self.busy else 0.0)
+
+    def cached_prefix_tokens(self, spec: RequestSpec) -> int:
+        """Leading prompt tokens of ``spec`` this engine's prefix cache holds now (what a prefill
+        would reuse): the exact figure the gateway reads from vLLM's KV events."""
+        hb = spec.hash_block_tokens
+        hashes = spec.block_hashes
+        if not hashes or hb < self.bs or hb % self.bs:
+            return 0
+        return self.kv.match(hashes, (spec.prompt_tokens - 1) // hb) * hb
 
     # -- KV helpers ----------------------------------------------------------------------------
     def _dec_blocks(self, k: int) -> int:

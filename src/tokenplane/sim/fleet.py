@@ -3,6 +3,19 @@
 This is the simulator's counterpart of the gateway: it builds the same :class:`RequestInfo` and
 :class:`InstanceView` values the gateway builds, asks the same router, and carries out the
 decision in virtual time.
+
+One :class:`Fleet`, composed of parts chosen by ``runner.build_fleet`` from a run's settings: the
+fleet owns arrivals, follow-ups, records, views and sampling; a :class:`Dispatcher` carries each
+arrived request to an engine and hears back when it finishes. :class:`DirectDispatch` (here) routes
+once and submits; :class:`~tokenplane.sim.resilience.ResilientDispatch` adds clients that time out
+and retry through the core's retry plan, faults and breakers, and optionally an admission gate
+(:class:`~tokenplane.sim.admission_shell.AdmissionGate`). The fleet is built from one typed
+:class:`FleetContext`; engines report finished sequences to the fleet they are bound to
+(:meth:`Engine.bind`), and a listener (the autoscaler) may follow each finish through
+:attr:`Fleet.after_finish`.
+
+With ``precise_kv`` the fleet fills ``RequestInfo.cached_prefix_tokens`` from each engine's own
+prefix cache (:meth:`Engine.cached_prefix_tokens`), as the gateway does from vLLM's KV events.
 """
 
 from __future__ import annotations
@@ -13,7 +26,7 @@ from typing import Any, Protocol
 
 from tokenplane.core.routing.base import Router
 from tokenplane.core.views import InstanceView, RequestInfo, WorkflowContext
-from tokenplane.sim.engine import Seq
+from tokenplane.sim.engine import FinishFn, Seq
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.records import InstanceRecord, InstanceSample, RequestRecord, TbtHistogram
 from tokenplane.sim.workloads.base import RequestSpec, Workload
@@ -25,12 +38,39 @@ class Engine(Protocol):
     id: str
     record: InstanceRecord
 
-    def bind(self, index: int, changed: set[int]) -> None: ...
+    def bind(self, index: int, changed: set[int], on_finish: FinishFn | None = None) -> None: ...
+    def cached_prefix_tokens(self, spec: RequestSpec) -> int: ...
 
     def fits(self, spec: RequestSpec) -> bool: ...
     def submit(self, seq: Seq, now: float) -> None: ...
     def view(self) -> InstanceView: ...
     def busy_seconds(self, now: float) -> float: ...
+
+
+class Dispatcher(Protocol):
+    """A fleet's request path: from an arrived request to an engine, and back when it finishes."""
+
+    def bind(self, fleet: Fleet) -> None: ...
+    def admit(self, now: float, spec: RequestSpec) -> None: ...
+    def on_finish(self, seq: Seq, now: float) -> None: ...
+    def start(self) -> None: ...
+    def has_work(self) -> bool: ...
+    def report_extra(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FleetContext:
+    """What every fleet shell is built from (``runner.simulate`` builds it from a run's settings)."""
+
+    loop: EventLoop
+    engines: Sequence[Engine]
+    router: Router
+    workload: Workload
+    model: str
+    block_size: int
+    tbt: TbtHistogram
+    sample_interval_s: float = 10.0
+    precise_kv: bool = False
 
 
 @dataclass(slots=True)
@@ -44,39 +84,30 @@ class FleetResult:
 
 
 class Fleet:
-    def __init__(
-        self,
-        *,
-        loop: EventLoop,
-        engines: Sequence[Engine],
-        router: Router,
-        workload: Workload,
-        model: str,
-        block_size: int,
-        tbt: TbtHistogram,
-        sample_interval_s: float = 10.0,
-    ) -> None:
-        self.loop = loop
-        self.engines = list(engines)
+    def __init__(self, ctx: FleetContext, dispatcher: Dispatcher | None = None) -> None:
+        self.loop = ctx.loop
+        self.engines = list(ctx.engines)
         self.by_id = {e.id: e for e in self.engines}
-        self.router = router
-        self.workload = workload
-        self.model = model
-        self.bs = block_size
-        self.tbt = tbt
+        self.router = ctx.router
+        self.workload = ctx.workload
+        self.model = ctx.model
+        self.bs = ctx.block_size
+        self.tbt = ctx.tbt
+        self.precise_kv = ctx.precise_kv
+        self.after_finish: FinishFn | None = None  # called after the fleet's own ``on_finish``
         self._changed: set[int] = set()
         for i, e in enumerate(self.engines):
-            e.bind(i, self._changed)
+            e.bind(i, self._changed, self._finished)
         self.views: list[InstanceView] = [e.view() for e in self.engines]
         self.records: list[RequestRecord] = []
-        self._arrivals: Iterator[RequestSpec] = iter(workload.arrivals())
+        self._arrivals: Iterator[RequestSpec] = iter(ctx.workload.arrivals())
         self._seen_hashes: set[int] = set()
-        self._uid = 0
-        self._in_flight = 0
-        self._sample_interval = sample_interval_s
+        self.uid = 0  # the last engine submission's id
+        self.in_flight = 0  # engine submissions not yet finished or taken back
+        self._sample_interval = ctx.sample_interval_s
         self._last_busy = [0.0] * len(self.engines)
         self._last_sample_t = 0.0
-        self._last_activity = 0.0
+        self.last_activity = 0.0
         self.arrivals_done = False
         # Economics (sim.economics_report): each request's workflow, and, in shells where a request
         # may take several attempts, one (request_id, instance_id, prefill tokens computed, output
@@ -84,6 +115,10 @@ class Fleet:
         self.workflows: dict[int, WorkflowContext] = {}
         self.usage: list[tuple[int, str, int, int, bool]] | None = None
         self.budgets: dict[int, float] = {}  # request_id -> its own TTFT budget, where it has one
+        self.dispatcher: Dispatcher = dispatcher or DirectDispatch()
+        self.dispatcher.bind(self)
+        self._admit = self.dispatcher.admit
+        self._on_finish = self.dispatcher.on_finish
 
     # -- arrivals ------------------------------------------------------------------------------
     def _next_arrival(self) -> None:
@@ -97,55 +132,43 @@ class Fleet:
         self._next_arrival()
         self._admit(now, spec)
 
-    def _admit(self, now: float, spec: RequestSpec) -> None:
-        self._last_activity = now
+    def open_record(self, now: float, spec: RequestSpec) -> RequestRecord:
+        """Note an arrived request (its workflow, its own budget) and open its record."""
+        self.last_activity = now
         if spec.workflow is not None:
             self.workflows[spec.request_id] = spec.workflow
         if spec.latency_budget_s is not None:
             self.budgets[spec.request_id] = spec.latency_budget_s
-        hashes = spec.block_hashes
         rec = RequestRecord(
             request_id=spec.request_id,
             tenant=spec.tenant,
             arrival_s=now,
             prompt_tokens=spec.prompt_tokens,
             output_tokens=spec.output_tokens,
-            prefix_bound_tokens=self._prefix_bound(spec) if hashes else 0,
+            prefix_bound_tokens=self._prefix_bound(spec) if spec.block_hashes else 0,
         )
         self.records.append(rec)
-        info = RequestInfo(
-            request_id=str(spec.request_id),
-            model=spec.model or self.model,
-            prompt_tokens=spec.prompt_tokens,
-            max_output_tokens=spec.max_output_tokens or spec.output_tokens,
-            block_hashes=hashes,
-            hash_block_tokens=spec.hash_block_tokens,
-            tenant=spec.tenant,
-            arrival_s=now,
-            workflow=spec.workflow,
-            priority=spec.priority,
-            latency_budget_s=spec.latency_budget_s,
-        )
+        return rec
+
+    def fresh_views(self) -> list[InstanceView]:
+        """The instances' views, rebuilt for the engines whose state changed since last asked."""
         views = self.views
         if self._changed:
             engines = self.engines
             for i in self._changed:
                 views[i] = engines[i].view()
             self._changed.clear()
-        decision = self.router.select(info, views, now=now)
-        rec.route_reason = str(decision.reason)  # a StrEnum: its value, cheaper than ``.value``
-        if decision.instance_id is None:
-            self._fail(rec, spec, now, "no_instance")
-            return
-        engine = self.by_id[decision.instance_id]
-        rec.instance_id = engine.id
-        if not engine.fits(spec):
-            self._fail(rec, spec, now, "too_long")
-            return
-        self.router.on_routed(info, engine.id, now=now)
-        self._uid += 1
-        self._in_flight += 1
-        engine.submit(Seq(self._uid, spec, info, rec, self.bs), now)
+        return views
+
+    def cached_prefix(self, spec: RequestSpec) -> dict[str, int]:
+        """Exact leading cached prompt tokens of ``spec`` per instance that holds any (precise mode)."""
+        out: dict[str, int] = {}
+        if spec.block_hashes:
+            for e in self.engines:
+                n = e.cached_prefix_tokens(spec)
+                if n:
+                    out[e.id] = n
+        return out
 
     def _prefix_bound(self, spec: RequestSpec) -> int:
         """Prompt tokens one infinite cache shared by the fleet would hold for ``spec``."""
@@ -163,22 +186,13 @@ class Fleet:
         seen.update(hashes)
         return n * hb
 
-    def _fail(self, rec: RequestRecord, spec: RequestSpec, now: float, reason: str) -> None:
-        rec.ok = False
-        rec.reason = reason
-        rec.finish_s = None
-        self._followups(spec, now, ok=False)
+    def _finished(self, seq: Seq, now: float) -> None:
+        self._on_finish(seq, now)
+        if self.after_finish is not None:
+            self.after_finish(seq, now)
 
-    def on_finish(self, seq: Seq, now: float) -> None:
-        rec = seq.record
-        rec.finish_s = now
-        rec.ok = True
-        self._last_activity = max(self._last_activity, now)
-        self._in_flight -= 1
-        self.router.on_finished(seq.info, rec.instance_id or "", now=now)
-        self._followups(seq.spec, now, ok=True)
-
-    def _followups(self, spec: RequestSpec, now: float, *, ok: bool) -> None:
+    def followups(self, spec: RequestSpec, now: float, *, ok: bool) -> None:
+        """Schedule what the workload sends next now that ``spec`` ended (an agent's next step)."""
         for nxt in self.workload.on_finished(spec, now, ok):
             self.loop.schedule(max(nxt.arrival_s, now), self._on_followup, nxt)
 
@@ -195,25 +209,95 @@ class Fleet:
             v = e.view()
             e.record.samples.append(InstanceSample(now, min(1.0, frac), v.kv_usage, v.running, v.waiting))
         self._last_sample_t = now
-        if self._in_flight or len(self.loop) > 0:
+        if self.in_flight or len(self.loop) > 0:
             self.loop.schedule(now + self._sample_interval, self._sample)
 
     # -- run -----------------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
         """Arrivals are still to come or requests are in flight (follow-ups not yet due excepted)."""
-        return self._in_flight > 0 or not self.arrivals_done
+        return self.in_flight > 0 or not self.arrivals_done or self.dispatcher.has_work()
 
     def run(
         self, *, until: float | None = None, on_progress: Callable[[float], None] | None = None
     ) -> FleetResult:
+        self.dispatcher.start()
         self._next_arrival()
         self.loop.schedule(self._sample_interval, self._sample)
         self.loop.run(until=until, on_progress=on_progress)
         # The run ends with its last arrival or completion (or at ``until``), not at the sampler's
         # last tick.
-        end = until if until is not None else self._last_activity
+        end = until if until is not None else self.last_activity
         for e in self.engines:
             e.record.alive_s = end
             e.record.busy_s = e.busy_seconds(end)
         return FleetResult(self.records, [e.record for e in self.engines], self.tbt, end)
+
+    def report_extra(self) -> dict[str, Any]:
+        return self.dispatcher.report_extra()
+
+
+class DirectDispatch:
+    """The bare request path: route once, submit, done (no clients, faults or control plane)."""
+
+    def bind(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.router = fleet.router
+        self.by_id = fleet.by_id
+
+    def admit(self, now: float, spec: RequestSpec) -> None:
+        fleet = self.fleet
+        rec = fleet.open_record(now, spec)
+        info = RequestInfo(
+            request_id=str(spec.request_id),
+            model=spec.model or fleet.model,
+            prompt_tokens=spec.prompt_tokens,
+            max_output_tokens=spec.max_output_tokens or spec.output_tokens,
+            block_hashes=spec.block_hashes,
+            hash_block_tokens=spec.hash_block_tokens,
+            tenant=spec.tenant,
+            arrival_s=now,
+            workflow=spec.workflow,
+            priority=spec.priority,
+            latency_budget_s=spec.latency_budget_s,
+            cached_prefix_tokens=fleet.cached_prefix(spec) if fleet.precise_kv else None,
+        )
+        decision = self.router.select(info, fleet.fresh_views(), now=now)
+        rec.route_reason = str(decision.reason)  # a StrEnum: its value, cheaper than ``.value``
+        if decision.instance_id is None:
+            self._fail(rec, spec, now, "no_instance")
+            return
+        engine = self.by_id[decision.instance_id]
+        rec.instance_id = engine.id
+        if not engine.fits(spec):
+            self._fail(rec, spec, now, "too_long")
+            return
+        self.router.on_routed(info, engine.id, now=now)
+        fleet.uid += 1
+        fleet.in_flight += 1
+        engine.submit(Seq(fleet.uid, spec, info, rec, fleet.bs), now)
+
+    def _fail(self, rec: RequestRecord, spec: RequestSpec, now: float, reason: str) -> None:
+        rec.ok = False
+        rec.reason = reason
+        rec.finish_s = None
+        self.fleet.followups(spec, now, ok=False)
+
+    def on_finish(self, seq: Seq, now: float) -> None:
+        fleet = self.fleet
+        rec = seq.record
+        rec.finish_s = now
+        rec.ok = True
+        fleet.last_activity = max(fleet.last_activity, now)
+        fleet.in_flight -= 1
+        self.router.on_finished(seq.info, rec.instance_id or "", now=now)
+        fleet.followups(seq.spec, now, ok=True)
+
+    def start(self) -> None:
+        return None
+
+    def has_work(self) -> bool:
+        return False
+
+    def report_extra(self) -> dict[str, Any]:
+        return {}

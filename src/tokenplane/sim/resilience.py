@@ -8,28 +8,35 @@ stream was interrupted and recovered.
 Without controls this reproduces the retry cascade of the talk: a slowed instance makes requests
 time out, clients retry at once, the abandoned attempts keep running (nobody cancels them), queues
 deepen everywhere, more requests time out. With controls, the shell cancels work its client
-abandoned, continues interrupted streams on another instance, and consults the core's retry
-budget and breakers (when configured) before each new attempt.
+abandoned, continues interrupted streams on another instance, and consults the core's breakers
+(when configured) before routing.
+
+Whether and when a request gets another attempt is the core's retry plan
+(:func:`tokenplane.core.retry_budget.attempts`), driven by :class:`~tokenplane.sim.retry_driver.PlanDriver`
+exactly as the gateway drives it: this module only reports each attempt's outcome. The breakers
+and the exclusion of tried instances are :mod:`tokenplane.sim.controls`.
+
+:class:`ResilientDispatch` is the fleet's request path (a :class:`~tokenplane.sim.fleet.Dispatcher`)
+when a run has clients, controls or faults; an admission layer plugs in as a :class:`Gate`.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import msgspec
 
-from tokenplane.core.breaker import BreakerBoard, BreakerConfig, filter_allowed
-from tokenplane.core.retry_budget import RetryBudget
-from tokenplane.core.routing.base import Router
+from tokenplane.core.outcomes import AttemptOutcome, AttemptResult
+from tokenplane.core.retry_budget import PlanResult, RetryReason
 from tokenplane.core.views import InstanceView, RequestInfo, RouteDecision, RouteReason
+from tokenplane.sim.controls import ControlHooks, CoreControls, avoid_tried
 from tokenplane.sim.engine import ContinuousEngine, Seq
 from tokenplane.sim.faults import ClientSpec, ControlSpec, FaultSpec
 from tokenplane.sim.fleet import Engine, Fleet
-from tokenplane.sim.kernel import EventLoop
-from tokenplane.sim.records import RequestRecord, TbtHistogram
-from tokenplane.sim.workloads.base import RequestSpec, Workload
+from tokenplane.sim.records import RequestRecord
+from tokenplane.sim.retry_driver import PlanDriver, RetryPlanner
+from tokenplane.sim.workloads.base import RequestSpec
 
 
 class _Pending:
@@ -37,8 +44,11 @@ class _Pending:
 
     __slots__ = (
         "attempt",
+        "base_info",
+        "cause",
         "delivered",
         "done",
+        "driver",
         "engine",
         "info",
         "lost_at",
@@ -46,7 +56,6 @@ class _Pending:
         "sent_s",
         "seq",
         "spec",
-        "tried",
     )
 
     def __init__(self, spec: RequestSpec, record: RequestRecord) -> None:
@@ -58,106 +67,53 @@ class _Pending:
         self.seq: Seq | None = None
         self.engine: Engine | None = None
         self.info: RequestInfo | None = None
-        self.tried: set[str] = set()
+        self.base_info: RequestInfo | None = None  # the request as it came (set with its plan)
+        self.driver: PlanDriver[_Pending] | None = None  # the core's retry plan for this request
+        self.cause = ""  # why the latest attempt failed: the request's reason if the plan gives up
         self.lost_at: float | None = None
         self.sent_s: float | None = None  # when the client sent the attempt, if it waited before dispatch
 
 
-class ControlHooks:
-    """Where core policies plug into the shell; the defaults allow everything."""
+class Gate(Protocol):
+    """An admission layer between the clients and the router (the twin's admission shell).
 
-    def allow_retry(self, spec: RequestSpec, attempt: int, *, now: float, continuation: bool) -> bool:
-        return True
+    The resilient path calls it where a request arrives (``on_arrival``), is about to be sent
+    (``dispatch``: the gate calls :meth:`ResilientDispatch.send` when it lets it through), is
+    routed (``usable`` narrows the candidates), spends engine work (``on_used``), ends
+    (``retry_instead``, then ``on_end``) and where capacity frees (``pump``).
+    """
 
-    def on_first_attempt(self, spec: RequestSpec, *, now: float) -> None:
-        return None
-
-    def on_result(self, instance_id: str, ok: bool, latency_s: float | None, *, now: float) -> None:
-        return None
-
-    def on_dispatch(self, instance_id: str, *, now: float) -> None:
-        return None
-
-    def filter_views(self, views: Sequence[InstanceView], *, now: float) -> Sequence[InstanceView]:
-        return views
-
-
-class CoreControls(ControlHooks):
-    """The core's breakers and retry budget, fed by the twin exactly as the gateway feeds them."""
-
-    def __init__(self, board: BreakerBoard | None, budget: RetryBudget | None) -> None:
-        self.board = board
-        self.budget = budget
-        self.events: dict[str, int] = {}
-
-    @classmethod
-    def from_spec(cls, spec: ControlSpec) -> CoreControls:
-        board = BreakerBoard(BreakerConfig.from_params(spec.breaker)) if spec.breaker is not None else None
-        budget = RetryBudget.from_params(spec.retry_budget) if spec.retry_budget is not None else None
-        return cls(board, budget)
-
-    def allow_retry(self, spec: RequestSpec, attempt: int, *, now: float, continuation: bool) -> bool:
-        if self.budget is None:
-            return True
-        return self.budget.try_spend(spec.prompt_tokens + spec.output_tokens, now=now).allowed
-
-    def on_first_attempt(self, spec: RequestSpec, *, now: float) -> None:
-        if self.budget is not None:
-            self.budget.on_first_attempt(spec.prompt_tokens + spec.output_tokens, now=now)
-
-    def on_dispatch(self, instance_id: str, *, now: float) -> None:
-        if self.board is not None:
-            self._count(self.board.on_attempt(instance_id, now=now))
-
-    def on_result(self, instance_id: str, ok: bool, latency_s: float | None, *, now: float) -> None:
-        if self.board is not None:
-            self._count(self.board.on_result(instance_id, ok, latency_s, now=now))
-
-    def filter_views(self, views: Sequence[InstanceView], *, now: float) -> Sequence[InstanceView]:
-        if self.board is None:
-            return views
-        self._count(self.board.tick(now))
-        return filter_allowed(views, self.board, now=now)
-
-    def _count(self, events: Sequence[Any]) -> None:
-        for ev in events:
-            key = f"breaker_to_{ev.to_state.value}_{ev.reason.value}"
-            self.events[key] = self.events.get(key, 0) + 1
+    def bind(self, path: ResilientDispatch) -> None: ...
+    def on_arrival(self, now: float, spec: RequestSpec) -> RequestSpec: ...
+    def dispatch(self, now: float, p: _Pending) -> None: ...
+    def usable(self, candidates: Sequence[InstanceView]) -> Sequence[InstanceView]: ...
+    def on_used(self, seq: Seq, instance_id: str, *, delivered: bool) -> None: ...
+    def retry_instead(self, p: _Pending, now: float, *, ok: bool, reason: str) -> bool: ...
+    def on_end(self, p: _Pending, now: float, *, ok: bool) -> None: ...
+    def pump(self, now: float) -> None: ...
+    def has_work(self) -> bool: ...
+    def report_extra(self) -> dict[str, Any]: ...
 
 
-class ResilientFleet(Fleet):
+class ResilientDispatch:
+    """The fleet's request path with clients, faults, breakers and the core's retry plan."""
+
     def __init__(
         self,
         *,
-        loop: EventLoop,
-        engines: Sequence[Engine],
-        router: Router,
-        workload: Workload,
-        model: str,
-        block_size: int,
-        tbt: TbtHistogram,
-        sample_interval_s: float = 10.0,
         clients: ClientSpec | None = None,
         controls: ControlSpec | None = None,
         faults: Sequence[FaultSpec] = (),
         hooks: ControlHooks | None = None,
         seed: int = 0,
+        gate: Gate | None = None,
     ) -> None:
-        super().__init__(
-            loop=loop,
-            engines=engines,
-            router=router,
-            workload=workload,
-            model=model,
-            block_size=block_size,
-            tbt=tbt,
-            sample_interval_s=sample_interval_s,
-        )
+        self.gate = gate
         self.clients = clients or ClientSpec()
         self.controls = controls or ControlSpec()
         self.hooks = hooks or CoreControls.from_spec(self.controls)
         self.faults = list(faults)
-        self._rng = random.Random(f"tokenplane-clients:{seed}")
+        self.planner = RetryPlanner.from_specs(self.clients, self.controls, seed=seed)
         self._pending: dict[int, _Pending] = {}
         self.counters: dict[str, int] = {
             "attempts": 0,
@@ -172,35 +128,83 @@ class ResilientFleet(Fleet):
         }
         self.resume_gaps: list[float] = []
         self.attempt_usage: list[tuple[int, str, int, int, bool]] = []
-        self.usage = self.attempt_usage
+
+    def bind(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.loop = fleet.loop
+        self.engines = fleet.engines
+        self.by_id = fleet.by_id
+        self.router = fleet.router
+        self.model = fleet.model
+        self.bs = fleet.bs
+        fleet.usage = self.attempt_usage
         for i, f in enumerate(self.faults):
             if f.instance >= len(self.engines):
                 raise ValueError(f"faults[{i}]: instance {f.instance} but the fleet has {len(self.engines)}")
             if not isinstance(self.engines[f.instance], ContinuousEngine):
                 raise ValueError(f"faults[{i}]: faults need the continuous engine")
+        if self.gate is not None:
+            self.gate.bind(self)
 
     # -- requests ------------------------------------------------------------------------------
-    def _admit(self, now: float, spec: RequestSpec) -> None:
-        self._last_activity = now
-        if spec.workflow is not None:
-            self.workflows[spec.request_id] = spec.workflow
-        if spec.latency_budget_s is not None:
-            self.budgets[spec.request_id] = spec.latency_budget_s
-        bound = self._prefix_bound(spec)
-        rec = RequestRecord(
-            request_id=spec.request_id,
-            tenant=spec.tenant,
-            arrival_s=now,
-            prompt_tokens=spec.prompt_tokens,
-            output_tokens=spec.output_tokens,
-            prefix_bound_tokens=bound,
-        )
-        self.records.append(rec)
-        self.hooks.on_first_attempt(spec, now=now)
-        self._dispatch(_Pending(spec, rec), now)
+    def admit(self, now: float, spec: RequestSpec) -> None:
+        if self.gate is not None:
+            spec = self.gate.on_arrival(now, spec)
+        rec = self.fleet.open_record(now, spec)
+        self.start_plan(_Pending(spec, rec), now).start(now)
 
-    def _dispatch(self, p: _Pending, now: float) -> None:
+    def start_plan(self, p: _Pending, now: float) -> PlanDriver[_Pending]:
+        """Open the core's retry plan for ``p`` (a fresh one each time: see the admission shell)."""
+        if p.driver is not None:
+            p.driver.close()
+        # One RequestInfo serves the plan and every attempt that re-sends the request as it came.
+        info = p.base_info = self._info(p.spec, p.record.arrival_s)
+        plan = self.planner.plan(info, now=now)
+        p.driver = PlanDriver(plan, p, loop=self.loop, dispatch=self._dispatch, finish=self._plan_ended)
+        return p.driver
+
+    def _info(self, spec: RequestSpec, arrival_s: float) -> RequestInfo:
+        """What the router and the plan know of one attempt of ``spec``."""
+        return RequestInfo(
+            request_id=str(spec.request_id),
+            model=spec.model or self.model,
+            prompt_tokens=spec.prompt_tokens,
+            max_output_tokens=spec.max_output_tokens or spec.output_tokens,
+            block_hashes=spec.block_hashes,
+            hash_block_tokens=spec.hash_block_tokens,
+            tenant=spec.tenant,
+            arrival_s=arrival_s,
+            workflow=spec.workflow,
+            priority=spec.priority,
+            latency_budget_s=spec.latency_budget_s,
+            cached_prefix_tokens=self.fleet.cached_prefix(spec) if self.fleet.precise_kv else None,
+        )
+
+    def _plan_ended(self, now: float, p: _Pending, result: PlanResult) -> None:
+        over_budget = result.reason in (RetryReason.BUDGET_REQUESTS, RetryReason.BUDGET_TOKENS)
+        self.end(p, now, ok=False, reason=f"{p.cause}_retry_denied" if over_budget else p.cause)
+
+    def _report(self, p: _Pending, outcome: AttemptOutcome, cause: str) -> None:
+        """Tell the request's plan how its attempt ended; it dispatches the next one or ends it."""
+        assert p.driver is not None
+        p.cause = cause
+        p.driver.report(outcome)
+
+    def _dispatch(self, now: float, p: _Pending) -> None:
+        if self.gate is not None:
+            self.gate.dispatch(now, p)
+        else:
+            self.send(now, p)
+
+    def send(self, now: float, p: _Pending) -> None:
+        """Run the plan's current attempt for ``p``: route it and submit it to an engine."""
+        if p.done:
+            return
         spec = p.spec
+        assert p.driver is not None
+        attempt = p.driver.attempt
+        if attempt.number > 1:
+            self.counters["continuations" if attempt.is_continuation else "retries"] += 1
         p.attempt += 1
         p.record.attempts = p.attempt
         self.counters["attempts"] += 1
@@ -212,38 +216,29 @@ class ResilientFleet(Fleet):
                 output_tokens=spec.output_tokens - p.delivered,
                 max_output_tokens=max(1, (spec.max_output_tokens or spec.output_tokens) - p.delivered),
             )
-        info = RequestInfo(
-            request_id=str(spec.request_id),
-            model=spec.model or self.model,
-            prompt_tokens=spec.prompt_tokens,
-            max_output_tokens=spec.max_output_tokens or spec.output_tokens,
-            block_hashes=spec.block_hashes,
-            hash_block_tokens=spec.hash_block_tokens,
-            tenant=spec.tenant,
-            arrival_s=p.record.arrival_s,
-            workflow=spec.workflow,
-            priority=spec.priority,
-            latency_budget_s=spec.latency_budget_s,
-        )
+        base = p.base_info
+        if base is not None and spec is p.spec and not self.fleet.precise_kv:
+            info = base
+        else:  # a continuation, or the engines' caches are read afresh for each attempt
+            info = self._info(spec, p.record.arrival_s)
         decision = self._route(info, p, now)
         rec = p.record
         rec.route_reason = decision.reason.value
         if decision.instance_id is None:
-            self._end(p, now, ok=False, reason="no_instance")
+            self.end(p, now, ok=False, reason="no_instance")
             return
         engine = self.by_id[decision.instance_id]
         rec.instance_id = engine.id
         if not engine.fits(spec):
-            self._end(p, now, ok=False, reason="too_long")
+            self.end(p, now, ok=False, reason="too_long")
             return
         self.router.on_routed(info, engine.id, now=now)
-        self._uid += 1
-        self._in_flight += 1
+        self.fleet.uid += 1
+        self.fleet.in_flight += 1
         attempt_rec = RequestRecord(spec.request_id, spec.tenant, now, spec.prompt_tokens, spec.output_tokens)
         attempt_rec.instance_id = engine.id
-        seq = Seq(self._uid, spec, info, attempt_rec, self.bs)
+        seq = Seq(self.fleet.uid, spec, info, attempt_rec, self.bs)
         p.seq, p.engine, p.info = seq, engine, info
-        p.tried.add(engine.id)
         self._pending[seq.uid] = p
         self.hooks.on_dispatch(engine.id, now=now)
         engine.submit(seq, now)
@@ -260,24 +255,33 @@ class ResilientFleet(Fleet):
         else:
             prefill, out = max(0, min(seq.computed, seq.prompt) - hit), seq.generated
         self.attempt_usage.append((seq.spec.request_id, instance_id, prefill, out, delivered))
+        if self.gate is not None:
+            self.gate.on_used(seq, instance_id, delivered=delivered)
 
     def _route(self, info: RequestInfo, p: _Pending, now: float) -> RouteDecision:
-        views = self.views
-        if self._changed:
-            for i in self._changed:
-                views[i] = self.engines[i].view()
-            self._changed.clear()
-        candidates: Sequence[InstanceView] = self.hooks.filter_views(views, now=now)
-        if p.attempt > 1 and self.controls.retry_elsewhere and p.tried:
-            others = [v for v in candidates if v.instance_id not in p.tried]
-            candidates = others or candidates
+        candidates: Sequence[InstanceView] = self.hooks.filter_views(self.fleet.fresh_views(), now=now)
+        if self.gate is not None:
+            candidates = self.gate.usable(candidates)
+        candidates = self._elsewhere(p, candidates)
         if not candidates:
             return RouteDecision(None, RouteReason.NO_CANDIDATES)
         return self.router.select(info, candidates, now=now)
 
+    def _elsewhere(self, p: _Pending, candidates: Sequence[InstanceView]) -> Sequence[InstanceView]:
+        """With ``retry_elsewhere``, avoid the instances the plan excludes, as the gateway does."""
+        if p.driver is None or not self.controls.retry_elsewhere:
+            return candidates
+        return avoid_tried(candidates, p.driver.attempt.exclude)
+
     def on_finish(self, seq: Seq, now: float) -> None:
-        self._in_flight -= 1
-        self._last_activity = max(self._last_activity, now)
+        self._on_finish(seq, now)
+        if self.gate is not None:
+            self.gate.pump(now)
+
+    def _on_finish(self, seq: Seq, now: float) -> None:
+        fleet = self.fleet
+        fleet.in_flight -= 1
+        fleet.last_activity = max(fleet.last_activity, now)
         p = self._pending.pop(seq.uid, None)
         own = seq.record.instance_id or ""  # the instance this attempt ran on, not the latest one
         self.router.on_finished(seq.info, own, now=now)
@@ -303,18 +307,34 @@ class ResilientFleet(Fleet):
             if p.lost_at is not None and att.first_token_s is not None:
                 # how long the user's stream stalled: from the loss to the next token
                 self.resume_gaps.append(att.first_token_s - p.lost_at)
-        self._end(p, now, ok=True, reason="")
+        self.end(p, now, ok=True, reason="")
 
-    def _end(self, p: _Pending, now: float, *, ok: bool, reason: str) -> None:
+    def end(self, p: _Pending, now: float, *, ok: bool, reason: str) -> None:
+        """``p`` ends (the gate may first give a failed step another go)."""
+        gate = self.gate
+        if gate is not None:
+            if gate.retry_instead(p, now, ok=ok, reason=reason):
+                return
+            gate.on_end(p, now, ok=ok)
         p.done = True
+        if p.driver is not None:
+            # Drop the plan and the driver<->request cycle, so both die by reference count (left to
+            # the cyclic collector, they cost a fifth of the run's time).
+            p.driver.close()
+            p.driver = None
         rec = p.record
         rec.ok = ok
         rec.reason = reason
         rec.finish_s = now if ok else None
-        self._followups(p.spec, now, ok=ok)
+        self.fleet.followups(p.spec, now, ok=ok)
 
     # -- client behaviour ----------------------------------------------------------------------
     def _on_timeout(self, now: float, arg: tuple[_Pending, int]) -> None:
+        self._timeout(now, arg)
+        if self.gate is not None:
+            self.gate.pump(now)
+
+    def _timeout(self, now: float, arg: tuple[_Pending, int]) -> None:
         p, attempt = arg
         if p.done or p.attempt != attempt or p.seq is None:
             return
@@ -326,35 +346,13 @@ class ResilientFleet(Fleet):
             cancel = self.controls.cancel_on_timeout
             if cancel and isinstance(engine, ContinuousEngine) and engine.abort(seq, now):
                 self._used(seq, engine.id, delivered=False, finished=False)
-                self._in_flight -= 1
+                self.fleet.in_flight -= 1
                 self._pending.pop(seq.uid, None)
                 self.counters["cancelled_attempts"] += 1
                 self.router.on_finished(seq.info, engine.id, now=now)
         p.delivered = 0  # a client that gives up starts its stream over
-        self._retry_or_fail(p, now, reason="timeout", continuation=False)
-
-    def _retry_or_fail(self, p: _Pending, now: float, *, reason: str, continuation: bool) -> None:
-        c = self.clients
-        may = continuation or (c.retry != "none" and p.attempt < c.max_attempts)
-        if may and not self.hooks.allow_retry(p.spec, p.attempt, now=now, continuation=continuation):
-            may = False
-            reason = f"{reason}_retry_denied"
-        if not may:
-            self._end(p, now, ok=False, reason=reason)
-            return
-        self.counters["continuations" if continuation else "retries"] += 1
-        delay = 0.0
-        if not continuation and c.retry == "backoff":
-            cap = min(c.backoff_max_s, c.backoff_base_s * 2 ** (p.attempt - 1))
-            delay = self._rng.uniform(0, cap)  # full jitter
-        if delay > 0:
-            self.loop.schedule(now + delay, self._redispatch, p)
-        else:
-            self._dispatch(p, now)
-
-    def _redispatch(self, now: float, p: _Pending) -> None:
-        if not p.done:
-            self._dispatch(p, now)
+        iid = engine.id if engine is not None else None
+        self._report(p, AttemptOutcome(AttemptResult.CLIENT_RESTART, iid, 0, now), "timeout")
 
     # -- faults --------------------------------------------------------------------------------
     def _apply_fault(self, now: float, fault: FaultSpec) -> None:
@@ -389,10 +387,15 @@ class ResilientFleet(Fleet):
         engine.changed.add(engine.index)
 
     def _lose(self, engine: ContinuousEngine, now: float) -> None:
+        self._lose_all(engine, now)
+        if self.gate is not None:
+            self.gate.pump(now)
+
+    def _lose_all(self, engine: ContinuousEngine, now: float) -> None:
         engine.ready = False
         for seq in engine.fail_all(now):
             self._used(seq, engine.id, delivered=False, finished=False)
-            self._in_flight -= 1
+            self.fleet.in_flight -= 1
             p = self._pending.pop(seq.uid, None)
             self.router.on_finished(seq.info, engine.id, now=now)
             self.hooks.on_result(engine.id, False, None, now=now)
@@ -411,19 +414,39 @@ class ResilientFleet(Fleet):
             if self.controls.continuation and (got > 0 or p.delivered > 0):
                 p.delivered += got
                 if p.delivered >= p.spec.output_tokens:  # the loss came after the last token
-                    self._end(p, now, ok=True, reason="")
+                    self.end(p, now, ok=True, reason="")
                     continue
                 p.lost_at = now
-                self._retry_or_fail(p, now, reason="instance_lost", continuation=True)
+                outcome = AttemptOutcome(AttemptResult.FAILED_MID_STREAM, engine.id, got, now)
+                self._report(p, outcome, "instance_lost")
             else:
-                self.counters["lost_tokens"] += got + p.delivered
+                lost = got + p.delivered
+                self.counters["lost_tokens"] += lost
                 p.delivered = 0
                 if self.clients.retry_on_error:
-                    self._retry_or_fail(p, now, reason="instance_lost", continuation=False)
+                    # the client re-sends from scratch what it saw break (or never start)
+                    result = AttemptResult.CLIENT_RESTART if lost else AttemptResult.FAILED_BEFORE_FIRST_BYTE
+                    self._report(p, AttemptOutcome(result, engine.id, 0, now), "instance_lost")
                 else:
-                    self._end(p, now, ok=False, reason="instance_lost")
+                    self.end(p, now, ok=False, reason="instance_lost")
 
-    def run(self, *, until: float | None = None, on_progress: Callable[[float], None] | None = None) -> Any:
+    # -- the fleet's part ------------------------------------------------------------------------
+    def start(self) -> None:
         for f in self.faults:
             self.loop.schedule(f.at_s, self._apply_fault, f)
-        return super().run(until=until, on_progress=on_progress)
+
+    def has_work(self) -> bool:
+        return self.gate is not None and self.gate.has_work()
+
+    def report_extra(self) -> dict[str, Any]:
+        events = self.hooks.events if isinstance(self.hooks, CoreControls) else {}
+        gaps = self.resume_gaps
+        extra: dict[str, Any] = {
+            **self.counters,
+            **events,
+            "resume_gap_p50_s": sorted(gaps)[len(gaps) // 2] if gaps else None,
+            "resume_gap_max_s": max(gaps) if gaps else None,
+        }
+        if self.gate is not None:
+            extra.update(self.gate.report_extra())
+        return extra

@@ -21,14 +21,14 @@ from tokenplane.sim.autoscaling import (
 )
 from tokenplane.sim.catalog import Catalog, kv_capacity_tokens
 from tokenplane.sim.economics_report import build_economics, engine_token_costs
-from tokenplane.sim.engine import ContinuousEngine, EngineConfig, Seq
-from tokenplane.sim.fleet import Engine, Fleet, FleetResult
+from tokenplane.sim.engine import ContinuousEngine, EngineConfig
+from tokenplane.sim.fleet import Engine, Fleet, FleetContext, FleetResult
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.lifecycle import Lifecycle, Timings
 from tokenplane.sim.perf_model import StepTimeModel
 from tokenplane.sim.records import InstanceRecord, TbtHistogram
 from tokenplane.sim.report import Slo, build_run_report, goodput_timeline
-from tokenplane.sim.resilience import CoreControls, ResilientFleet
+from tokenplane.sim.resilience import ResilientDispatch
 from tokenplane.sim.scenario import FleetGroup, FleetSettings, RunSettings, Scenario
 from tokenplane.sim.static_engine import StaticEngine
 from tokenplane.sim.workloads.base import Workload
@@ -77,14 +77,6 @@ def simulate(
     groups = fleet_cfg.resolved_groups()
     loop = EventLoop()
     tbt = TbtHistogram()
-    holder: list[Fleet] = []
-    after_finish: list[Callable[[Seq, float], None]] = []  # the autoscaler's, when there is one
-
-    def on_finish(seq: Seq, now: float) -> None:
-        holder[0].on_finish(seq, now)
-        if after_finish:
-            after_finish[0](seq, now)
-
     engines: list[Engine] = []
     timings: list[Timings] = []
     prices: dict[str, TokenCosts] = {}
@@ -113,7 +105,6 @@ def simulate(
                     steps,
                     schedule=loop.schedule,
                     schedule_late=loop.schedule_late,
-                    on_finish=on_finish,
                     record=InstanceRecord(iid, gpu.name, model.name, price),
                     tbt=tbt,
                 )
@@ -121,37 +112,18 @@ def simulate(
             timings.append(timing)
     if len({e.id for e in engines}) != len(engines):
         raise ValueError("instance ids must be unique across groups")
-    router = build_router(run.router, random.Random(run.seed))
-    common: dict[str, Any] = {
-        "loop": loop,
-        "engines": engines,
-        "router": router,
-        "workload": workload,
-        "model": catalog.model(groups[0].model).name,
-        "block_size": block_size,
-        "tbt": tbt,
-        "sample_interval_s": run.sample_interval_s,
-    }
-    fleet: Fleet
-    if run.admission is not None:
-        from tokenplane.sim.admission_shell import AdmissionFleet
-
-        fleet = AdmissionFleet(
-            **common,
-            clients=run.clients,
-            controls=run.controls,
-            faults=run.faults,
-            seed=run.seed,
-            admission=run.admission,
-            prices=prices,
-        )
-    elif run.resilient:
-        fleet = ResilientFleet(
-            **common, clients=run.clients, controls=run.controls, faults=run.faults, seed=run.seed
-        )
-    else:
-        fleet = Fleet(**common)
-    holder.append(fleet)
+    ctx = FleetContext(
+        loop=loop,
+        engines=engines,
+        router=build_router(run.router, random.Random(run.seed)),
+        workload=workload,
+        model=catalog.model(groups[0].model).name,
+        block_size=block_size,
+        tbt=tbt,
+        sample_interval_s=run.sample_interval_s,
+        precise_kv=run.routing.precise_kv,
+    )
+    fleet = build_fleet(run, ctx, prices)
 
     lifecycle: Lifecycle | None = None
     shell: AutoscalingShell | None = None
@@ -177,7 +149,7 @@ def simulate(
                 active=lambda: fleet.has_work,
             )
             lifecycle.on_landed = shell.on_landed
-            after_finish.append(shell.on_finish)
+            fleet.after_finish = shell.on_finish
             shell.start()
         # the views were built before the lifecycle set each instance's state
         fleet.views = [e.view() for e in engines]
@@ -186,19 +158,9 @@ def simulate(
     if lifecycle is not None:
         for i, e in enumerate(engines):
             e.record.alive_s = lifecycle.held_s(i, result.duration_s)
-    if isinstance(fleet, ResilientFleet):
-        events = fleet.hooks.events if isinstance(fleet.hooks, CoreControls) else {}
-        result.extra = {
-            **fleet.counters,
-            **events,
-            "resume_gap_p50_s": _median(fleet.resume_gaps),
-            "resume_gap_max_s": max(fleet.resume_gaps) if fleet.resume_gaps else None,
-        }
+    result.extra = fleet.report_extra()
     if shell is not None:
         result.extra = {**result.extra, **shell.report_extra()}
-    extra_fn = getattr(fleet, "report_extra", None)
-    if extra_fn is not None:
-        result.extra = {**result.extra, **extra_fn()}
     if fleet.budgets:
         result.extra = {**result.extra, **budget_goodput(result, fleet.budgets, run)}
     result.extra = {
@@ -210,6 +172,22 @@ def simulate(
     if lifecycle is not None:
         result.lifecycle = lifecycle
     return result
+
+
+def build_fleet(run: RunSettings, ctx: FleetContext, prices: dict[str, TokenCosts]) -> Fleet:
+    """The fleet with the request path a run's settings ask for: the bare path, or clients, faults
+    and the control plane (with an admission gate when the run has ``admission``)."""
+    if run.admission is None and not run.resilient:
+        return Fleet(ctx)
+    gate = None
+    if run.admission is not None:
+        from tokenplane.sim.admission_shell import AdmissionGate
+
+        gate = AdmissionGate(run.admission, prices)
+    path = ResilientDispatch(
+        clients=run.clients, controls=run.controls, faults=run.faults, seed=run.seed, gate=gate
+    )
+    return Fleet(ctx, path)
 
 
 def budget_goodput(result: FleetResult, budgets: dict[int, float], run: RunSettings) -> dict[str, Any]:
@@ -232,13 +210,6 @@ def budget_goodput(result: FleetResult, budgets: dict[int, float], run: RunSetti
         "budget_attainment": met / len(result.records) if result.records else None,
         "budget_attainment_by_budget_s": {k: v[0] / v[1] for k, v in sorted(by_budget.items())},
     }
-
-
-def _median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return s[len(s) // 2]
 
 
 def run_scenario(

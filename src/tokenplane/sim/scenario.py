@@ -220,6 +220,19 @@ class AdmissionSettings(BaseModel):
     kv_working_set_fraction: float | None = Field(0.85, gt=0, allow_inf_nan=False)
 
 
+class RoutingSettings(BaseModel):
+    """What the twin tells the router beyond the views (scenario key ``routing``).
+
+    ``precise_kv``: fill ``RequestInfo.cached_prefix_tokens`` with each instance's exact leading
+    cached prompt tokens, read from its engine's prefix cache (as the gateway does from vLLM's KV
+    events), so prefix affinity routes on what engines hold (reason ``kv_cache_match``) rather than
+    on its own index of past routing. Off by default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    precise_kv: bool = False
+
+
 class SloSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -245,6 +258,7 @@ class RunSettings(BaseModel):
     faults: list[FaultSpec] = Field(default_factory=list)
     autoscaler: AutoscalerSettings | None = None
     admission: AdmissionSettings | None = None
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
 
     @property
     def resilient(self) -> bool:
@@ -270,6 +284,7 @@ class _ScenarioFile(BaseModel):
     faults: list[dict[str, Any]] = Field(default_factory=list)
     autoscaler: dict[str, Any] | None = None
     admission: dict[str, Any] | None = None
+    routing: dict[str, Any] = Field(default_factory=dict)
     runs: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -298,6 +313,7 @@ _RUN_KEYS = {
     "faults",
     "autoscaler",
     "admission",
+    "routing",
 }
 
 
@@ -340,6 +356,7 @@ def parse_scenario(raw: Any, *, source: str | None = None) -> Scenario:
         "faults": base.faults,
         "autoscaler": base.autoscaler,
         "admission": base.admission,
+        "routing": base.routing,
     }
     runs_raw = base.runs or [{"name": router_label(base.router)}]
     runs: list[RunSettings] = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 
 from tokenplane.core.views import InstanceView
-from tokenplane.sim.engine import EngineConfig, FinishFn, ScheduleFn, Seq, StepTimes
+from tokenplane.sim.engine import EngineConfig, FinishFn, ScheduleFn, Seq, StepTimes, _ignore_finish
 from tokenplane.sim.records import InstanceRecord, TbtHistogram
 from tokenplane.sim.workloads.base import RequestSpec
 
@@ -27,7 +27,7 @@ class StaticEngine:
         step_times: StepTimes,
         *,
         schedule: ScheduleFn,
-        on_finish: FinishFn,
+        on_finish: FinishFn | None = None,
         record: InstanceRecord,
         tbt: TbtHistogram,
         schedule_late: ScheduleFn | None = None,
@@ -37,7 +37,7 @@ class StaticEngine:
         self.model = step_times
         self._schedule = schedule
         self._schedule_late = schedule_late or schedule
-        self._on_finish = on_finish
+        self._on_finish: FinishFn = on_finish or _ignore_finish
         self.record = record
         self.tbt = tbt
         self.reserve = config.max_model_len or DEFAULT_STATIC_MAX_LEN
@@ -65,11 +65,14 @@ class StaticEngine:
             self.busy_since = now
             self._schedule_late(now, self._end_batch, None)
 
-    def bind(self, index: int, changed: set[int]) -> None:
-        """Report state changes as ``index`` into the fleet's shared ``changed`` set."""
+    def bind(self, index: int, changed: set[int], on_finish: FinishFn | None = None) -> None:
+        """Report state changes as ``index`` into the fleet's shared ``changed`` set, and finished
+        sequences to ``on_finish`` when given (the fleet that owns the engine)."""
         self.index = index
         self.changed = changed
         changed.add(index)
+        if on_finish is not None:
+            self._on_finish = on_finish
 
     def view(self) -> InstanceView:
         rec = self.record
@@ -86,6 +89,10 @@ class StaticEngine:
             kv_capacity_tokens=self.cfg.kv_capacity_tokens,
             price_per_hour=rec.price_per_hour,
         )
+
+    def cached_prefix_tokens(self, spec: RequestSpec) -> int:
+        """A static batcher keeps no prefix cache."""
+        return 0
 
     def busy_seconds(self, now: float) -> float:
         return self.record.busy_s + (now - self.busy_since if self.busy else 0.0)

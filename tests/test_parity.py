@@ -1,0 +1,327 @@
+"""One core, two shells: the gateway and the twin decide the same on the same inputs.
+
+Retries. The same requests, scripted attempt outcomes and clock readings go through the gateway's
+:class:`~tokenplane.gateway.resilience.Resilience` (its plan, breaker board and candidate filter, as
+``Gateway.forward`` drives them) and through the twin's :class:`~tokenplane.sim.retry_driver.PlanDriver`
+on its event loop (with :class:`~tokenplane.sim.resilience.CoreControls` for breakers and the twin's
+exclusion of tried instances), both over the core's ``attempts`` plan with the same budget, policy and
+breaker config. Every attempt (number, kind, exclusions, delay, resumed tokens, budget cost), the
+instance each was routed to with its reason, and each plan's result must be identical.
+
+Routing. The same engines' state is seen as the twin sees it (``ContinuousEngine.view()``) and as the
+gateway would (an :class:`InstanceView` built field by field as ``gateway/upstreams.py``'s
+``Upstream.view()`` builds it from the same numbers); the same router config must choose the same
+instance for the same reason in both.
+
+What would make it fail (each was tried by hand): the twin charging its old budget cost
+(``prompt + output`` for a request with a smaller ``max_output_tokens``) exhausts the token budget at
+a different retry; the twin ignoring ``Attempt.exclude`` (or falling back to a tried instance) routes
+a retry back to the failed instance; the twin adding its own backoff to a continuation changes
+``delay_s`` and so the dispatch clock and the breaker's cooldown; the twin filling ``weights`` or
+``kv_capacity_tokens`` differently makes the view comparison and a KV-aware router's choice differ.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tokenplane.core.breaker import BreakerBoard, BreakerConfig
+from tokenplane.core.outcomes import AttemptOutcome, AttemptResult
+from tokenplane.core.retry_budget import Attempt, PlanResult, RetryBudget, RetryPolicy
+from tokenplane.core.routing import build_router
+from tokenplane.core.views import InstanceView, RequestInfo
+from tokenplane.gateway.resilience import Resilience
+from tokenplane.gateway.resilience_config import BreakerParams, RetryConfig
+from tokenplane.sim.controls import CoreControls, avoid_tried
+from tokenplane.sim.engine import ContinuousEngine, EngineConfig, Seq
+from tokenplane.sim.kernel import EventLoop
+from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
+from tokenplane.sim.retry_driver import PlanDriver, RetryPlanner
+from tokenplane.sim.workloads.base import RequestSpec
+
+IDS = ("a", "b", "c")
+BREAKER = {"consecutive_failures": 2, "cooldown_s": 5.0, "max_cooldown_s": 5.0}
+RETRY = RetryConfig(
+    budget_ratio=0.5,
+    min_per_s=0.5,
+    min_tokens_per_s=300.0,
+    window_s=10.0,
+    max_attempts=4,
+    backoff_base_s=0.2,
+    backoff_multiplier=2.0,
+    backoff_max_s=1.0,
+)
+
+# (result, tokens delivered by the attempt, seconds from its dispatch to its end)
+Step = tuple[AttemptResult, int, float]
+OK: Step = (AttemptResult.OK, 0, 0.5)
+BEFORE: Step = (AttemptResult.FAILED_BEFORE_FIRST_BYTE, 0, 0.1)
+TIMEOUT: Step = (AttemptResult.TIMEOUT, 0, 2.0)
+
+
+def mid(tokens: int) -> Step:
+    return (AttemptResult.FAILED_MID_STREAM, tokens, 0.3)
+
+
+#: (prompt, max_output, scripted outcomes of its attempts in order; the plan may stop early). One
+#: request every SPACING_S seconds, each over before the next arrives, so both shells see the same
+#: order of events; the budget's window and the breakers' cooldown span several requests.
+SCRIPT: list[tuple[int, int, list[Step]]] = [
+    (100, 50, [OK]),
+    (200, 80, [BEFORE, OK]),
+    (300, 40, [mid(10), OK]),
+    (150, 60, [BEFORE, BEFORE, BEFORE, BEFORE]),  # exhausted, or no instance left untried
+    (120, 30, [mid(5), mid(7), OK]),
+    (900, 400, [TIMEOUT, BEFORE, OK]),
+    (100, 20, [BEFORE, OK]),
+    (5000, 1000, [BEFORE, BEFORE, OK]),  # big: the token budget decides
+    (100, 20, [mid(3), TIMEOUT, OK]),
+    (100, 20, [OK]),
+    (100, 20, [BEFORE, OK]),
+]
+SPACING_S = 4.0
+
+
+@dataclass(frozen=True)
+class Seen:
+    number: int
+    kind: str
+    exclude: tuple[str, ...]
+    delay_s: float
+    resume_tokens: int
+    cost_tokens: int
+    at_s: float
+    instance: str | None
+    route_reason: str
+
+    @classmethod
+    def of(cls, a: Attempt, at_s: float, instance: str | None, reason: str) -> Seen:
+        return cls(
+            a.number,
+            str(a.kind),
+            tuple(sorted(a.exclude)),
+            a.delay_s,
+            a.resume_tokens,
+            a.cost_tokens,
+            round(at_s, 9),
+            instance,
+            reason,
+        )
+
+
+def _views() -> list[InstanceView]:
+    return [InstanceView(instance_id=i, outstanding_requests=n) for n, i in enumerate(IDS)]
+
+
+def _info(k: int, prompt: int, max_output: int, now: float) -> RequestInfo:
+    return RequestInfo(
+        request_id=str(k), model="m", prompt_tokens=prompt, max_output_tokens=max_output, arrival_s=now
+    )
+
+
+def gateway_side() -> tuple[list[list[Seen]], list[PlanResult | None]]:
+    """As ``Gateway.forward`` drives the plan (the sleeps are the scripted clock)."""
+    res = Resilience(RETRY, BreakerParams(**BREAKER), CollectorRegistry(), lambda: IDS)
+    router = build_router("least-requests", random.Random(0))
+    seen: list[list[Seen]] = []
+    results: list[PlanResult | None] = []
+    for k, (prompt, max_out, steps) in enumerate(SCRIPT):
+        arrival = k * SPACING_S
+        info = _info(k, prompt, max_out, arrival)
+        plan = res.plan(info, now=arrival, deadline_s=None, allow_continuation=True)
+        attempt = next(plan)
+        now = arrival
+        mine: list[Seen] = []
+        for result, tokens, took in steps:
+            now += attempt.delay_s
+            views = res.candidates(_views(), attempt.exclude, now)
+            decision = router.select(info, views, now=now)
+            iid = decision.instance_id
+            mine.append(Seen.of(attempt, now, iid, str(decision.reason)))
+            if iid is None:  # NoHealthyInstance: the request fails without a verdict on anyone
+                results.append(None)
+                break
+            res.on_attempt(iid, now)
+            now += took
+            outcome = AttemptOutcome(result, iid, tokens, now, took if result is AttemptResult.OK else None)
+            res.on_outcome(outcome)
+            try:
+                attempt = plan.send(outcome)
+            except StopIteration as stop:
+                results.append(stop.value)
+                break
+        seen.append(mine)
+    return seen, results
+
+
+def twin_side() -> tuple[list[list[Seen]], list[PlanResult | None]]:
+    """As ``ResilientDispatch`` drives it: the event loop dispatches each attempt after its delay."""
+    loop = EventLoop()
+    planner = RetryPlanner(
+        RetryPolicy.from_params(RETRY.policy_params()),
+        RetryBudget.from_params(RETRY.budget_params()),
+        allow_continuation=True,
+        rng=None,
+    )
+    controls = CoreControls(BreakerBoard(BreakerConfig.from_params(BREAKER)))
+    router = build_router("least-requests", random.Random(0))
+    seen: list[list[Seen]] = [[] for _ in SCRIPT]
+    results: list[PlanResult | None] = []
+
+    class Request:
+        def __init__(self, k: int) -> None:
+            prompt, max_out, steps = SCRIPT[k]
+            arrival = k * SPACING_S
+            self.k = k
+            self.info = _info(k, prompt, max_out, arrival)
+            self.steps = list(steps)
+            self.driver = PlanDriver(
+                planner.plan(self.info, now=arrival), self, loop=loop, dispatch=dispatch, finish=finish
+            )
+
+    def dispatch(now: float, r: Request) -> None:
+        attempt = r.driver.attempt
+        views = avoid_tried(controls.filter_views(_views(), now=now), attempt.exclude)
+        decision = router.select(r.info, views, now=now)
+        iid = decision.instance_id
+        seen[r.k].append(Seen.of(attempt, now, iid, str(decision.reason)))
+        if iid is None:  # as ResilientDispatch: the request ends with reason no_instance
+            r.driver.close()
+            results.append(None)
+            return
+        controls.on_dispatch(iid, now=now)
+        result, tokens, took = r.steps.pop(0)
+        latency = took if result is AttemptResult.OK else None
+        loop.schedule(now + took, end, (r, AttemptOutcome(result, iid, tokens, now + took, latency)))
+
+    def end(now: float, arg: tuple[Request, AttemptOutcome]) -> None:
+        r, outcome = arg
+        controls.on_result(outcome.instance_id or "", outcome.ok, outcome.latency_s, now=now)
+        r.driver.report(outcome)
+
+    def finish(now: float, r: Request, result: PlanResult) -> None:
+        results.append(result)
+
+    for k in range(len(SCRIPT)):
+        loop.schedule(k * SPACING_S, lambda now, k: Request(k).driver.start(now), k)
+    loop.run()
+    return seen, results
+
+
+def test_both_shells_drive_the_retry_plan_identically() -> None:
+    g_seen, g_results = gateway_side()
+    t_seen, t_results = twin_side()
+    assert t_seen == g_seen
+    assert t_results == g_results
+    assert len(g_results) == len(SCRIPT)
+    reasons = {str(r.reason) if r is not None else "no_instance" for r in g_results}
+    # the script exercises success, the token budget, and a request with no instance left
+    assert {"succeeded", "budget_tokens", "no_instance"} <= reasons, reasons
+    assert any(s.kind == "continuation" for per in g_seen for s in per)
+    assert any(s.exclude for per in g_seen for s in per)
+
+
+# -- routing on the views each shell builds ---------------------------------------------------------
+
+
+class ConstSteps:
+    """Every engine step costs 10 ms."""
+
+    decode_kv_s_per_token = 0.0
+    prefill_s_per_pair = 0.0
+
+    def linear_time(self, num_tokens: int) -> float:
+        return 0.01
+
+
+def _engines() -> tuple[EventLoop, list[ContinuousEngine]]:
+    loop = EventLoop()
+    tbt = TbtHistogram()
+    cfg = EngineConfig(max_num_seqs=2, kv_capacity_tokens=8192)
+    engines = [
+        ContinuousEngine(
+            i,
+            cfg,
+            ConstSteps(),
+            schedule=loop.schedule,
+            schedule_late=loop.schedule_late,
+            record=InstanceRecord(i, "H100", "m", 2.5),
+            tbt=tbt,
+        )
+        for i in IDS
+    ]
+    changed: set[int] = set()
+    for n, e in enumerate(engines):
+        e.bind(n, changed)
+    return loop, engines
+
+
+def as_gateway_sees(e: ContinuousEngine) -> InstanceView:
+    """An InstanceView built as ``Upstream.view()`` builds it: the gateway's own accounting for
+    ``outstanding_*``, the scraped ``running``/``waiting``/``kv_usage``, and the instance's config."""
+    running, waiting = len(e.running), len(e.waiting)
+    return InstanceView(
+        instance_id=e.id,
+        model=e.record.model,
+        gpu=e.record.gpu,
+        ready=e.ready,
+        healthy=True,
+        outstanding_requests=running + waiting,
+        outstanding_tokens=e.outstanding_tokens,
+        running=running,
+        waiting=waiting,
+        kv_usage=e.kv.usage,
+        kv_capacity_tokens=e.capacity_tokens,
+        price_per_hour=e.record.price_per_hour,
+    )
+
+
+ROUTERS: list[Any] = [
+    "round-robin",
+    "least-requests",
+    "least-tokens",
+    {"name": "prefix-affinity"},
+    {"name": "power-of-two"},
+]
+
+
+@pytest.mark.parametrize("router", ROUTERS, ids=lambda r: r if isinstance(r, str) else r["name"])
+def test_same_router_same_views_same_decisions(router: Any) -> None:
+    loop, engines = _engines()
+    twin_router = build_router(router, random.Random(7))
+    gw_router = build_router(router, random.Random(7))
+    rng = random.Random(3)
+    for k in range(40):
+        now = k * 0.005
+        loop.run(until=now)
+        prefix = rng.randrange(4)
+        hashes = tuple(hash((prefix, j)) for j in range(rng.randrange(1, 8)))
+        spec = RequestSpec(k, now, 16 * len(hashes) + 5, rng.randrange(1, 30), block_hashes=hashes)
+        info = RequestInfo(
+            request_id=str(k),
+            model="m",
+            prompt_tokens=spec.prompt_tokens,
+            max_output_tokens=spec.output_tokens,
+            block_hashes=hashes,
+            arrival_s=now,
+        )
+        twin_views = [e.view() for e in engines]
+        gw_views = [as_gateway_sees(e) for e in engines]
+        assert twin_views == gw_views  # a field one shell fills and the other does not fails here
+        t = twin_router.select(info, twin_views, now=now)
+        g = gw_router.select(info, gw_views, now=now)
+        assert (t.instance_id, t.reason) == (g.instance_id, g.reason), k
+        assert t.instance_id is not None
+        twin_router.on_routed(info, t.instance_id, now=now)
+        gw_router.on_routed(info, g.instance_id, now=now)
+        e = next(e for e in engines if e.id == t.instance_id)
+        e.submit(
+            Seq(k, spec, info, RequestRecord(k, "default", now, spec.prompt_tokens, spec.output_tokens), 16),
+            now,
+        )
+    loop.run()
