@@ -86,7 +86,7 @@ import msgspec
 
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.outcomes import TerminalOutcome
-from tokenplane.core.routing._params import ParamReader
+from tokenplane.core.params import ParamReader
 from tokenplane.core.state_store import (
     CounterStore,
     GaugeStore,

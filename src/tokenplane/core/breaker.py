@@ -60,7 +60,7 @@ from typing import Any
 import msgspec
 
 from tokenplane.core.errors import InvalidPolicyConfig
-from tokenplane.core.routing._params import ParamReader
+from tokenplane.core.params import ParamReader
 from tokenplane.core.timed_series import TimedSeries
 from tokenplane.core.views import InstanceId, InstanceView, RequestInfo
 

@@ -53,7 +53,7 @@ import msgspec
 
 from tokenplane.core.admission import PriorityClass
 from tokenplane.core.errors import InvalidPolicyConfig
-from tokenplane.core.routing._params import ParamReader
+from tokenplane.core.params import ParamReader
 from tokenplane.core.views import InstanceView
 
 DEFAULT_MEAN_PREFILL_S = 0.2

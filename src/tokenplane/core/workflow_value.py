@@ -53,7 +53,7 @@ from typing import Any
 
 import msgspec
 
-from tokenplane.core.routing._params import ParamReader
+from tokenplane.core.params import ParamReader
 from tokenplane.core.views import RequestInfo
 
 DEFAULT_P_STEP_SUCCESS = 0.95
