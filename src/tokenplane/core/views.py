@@ -55,8 +55,6 @@ class RequestInfo(msgspec.Struct, frozen=True):
     arrival_s: float = 0.0
     workflow: WorkflowContext | None = None
     latency_budget_s: float | None = None  # time-to-first-token budget counted from arrival_s
-    quality_class: str = ""  # which models may stand in for the requested one (Move)
-    min_gpu_generation: int = 0
     cached_prefix_tokens: Mapping[InstanceId, int] | None = None
     """Exact leading prompt tokens each instance holds in its KV cache, when the shell knows them
     (the gateway's precise mode, from vLLM's KV events); instances not named hold none. ``None``:

@@ -155,10 +155,10 @@ def test_gpu_fit_unknown_gpus_are_neutral() -> None:
     ("request_", "filt", "kept"),
     [
         (req(), GpuGenerationFilter(), ["h100", "a100", "x"]),
-        (req(min_gpu_generation=9), GpuGenerationFilter(), ["h100", "x"]),  # unknown GPU passes
+        (req(), GpuGenerationFilter(models={"m": (9, 0.0)}), ["h100", "x"]),  # unknown GPU passes
         (req(), GpuGenerationFilter(min_generation=9), ["h100", "x"]),
         (req(model="big"), GpuGenerationFilter(models={"big": (0, 100.0)}), ["x"]),
-        (req(min_gpu_generation=11), GpuGenerationFilter(), ["x"]),
+        (req(), GpuGenerationFilter(min_generation=11), ["x"]),
     ],
 )
 def test_gpu_generation(request_: RequestInfo, filt: GpuGenerationFilter, kept: list[str]) -> None:
@@ -168,7 +168,7 @@ def test_gpu_generation(request_: RequestInfo, filt: GpuGenerationFilter, kept: 
 
 def test_gpu_generation_label_overrides_catalogue() -> None:
     cands = [iv("a", gpu="A100", labels={"gpu_generation": "9"}), iv("b", gpu="A100")]
-    assert ids(GpuGenerationFilter().filter(req(min_gpu_generation=9), cands, now=0)) == ["a"]
+    assert ids(GpuGenerationFilter(min_generation=9).filter(req(), cands, now=0)) == ["a"]
 
 
 # -- 2. HBM headroom -----------------------------------------------------------------------------
@@ -524,7 +524,6 @@ requests = st.builds(
     arrival_s=st.floats(0, 10),
     workflow=workflows,
     latency_budget_s=st.none() | st.floats(-5, 100) | st.just(math.nan),
-    min_gpu_generation=st.integers(0, 11),
 ) | st.builds(RequestInfo, request_id=st.just("r"), model=st.just("m"), prompt_tokens=st.integers(0, 99),
               max_output_tokens=st.integers(0, 99), workflow=workflows)  # fmt: skip
 

@@ -2,7 +2,7 @@
 
 * ``gpu-generation`` (axis 1, GPU type fit; params ``gpus``, ``min_generation``,
   ``models: {name: {min_generation, min_hbm_gib}}``): drops instances whose generation or HBM is
-  below the model's or the request's need (``min_gpu_generation``). A hard requirement: it may
+  below the filter's or the model's need. A hard requirement: it may
   empty the list (``NO_CANDIDATES``). Unknown generation or HBM passes.
 * ``kv-headroom`` (axis 2, HBM headroom; param ``strict``, default false): the request needs
   ``prompt_tokens + max_output_tokens`` tokens of KV; it keeps instances with
@@ -56,7 +56,7 @@ class GpuGenerationFilter:
         self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float
     ) -> Sequence[InstanceView]:
         model_gen, model_hbm = self.models.get(request.model, (0, 0.0))
-        need_gen = max(self.min_generation, model_gen, request.min_gpu_generation)
+        need_gen = max(self.min_generation, model_gen)
         if need_gen <= 0 and model_hbm <= 0:
             return candidates
         kept = []

@@ -8,8 +8,8 @@ default:
   "unloaded"; label ``weights_state``), ``hbm_free_bytes`` (label ``hbm_free_gib``),
   ``predicted_ttft_s`` (label ``predicted_ttft_s``); label ``gpu_generation`` (overrides the
   catalogue; there is no typed field for it);
-* ``RequestInfo.latency_budget_s`` (a TTFT budget counted from ``arrival_s``) and
-  ``min_gpu_generation``; ``WorkflowContext.deadline_s`` is an absolute time on the shell's clock
+* ``RequestInfo.latency_budget_s`` (a TTFT budget counted from ``arrival_s``);
+  ``WorkflowContext.deadline_s`` is an absolute time on the shell's clock
   (the clock of ``now``).
 
 NaN and infinite reports are ignored (an unknown signal), and a label that does not parse as a
