@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from tokenplane.core.prompt_hash import approx_tokens, render_chat
-from tokenplane.gateway.upstreams import METRIC_NAMES, RuntimeMetrics, parse_runtime_metrics
+from tokenplane.gateway.runtimes import RuntimeMetrics, runtime_for
 
 VLLM_PAGE = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -59,7 +59,7 @@ llamacpp:prompt_tokens_total 99
     ],
 )
 def test_parse_runtime_metrics(kind, page, expected) -> None:
-    assert parse_runtime_metrics(page, METRIC_NAMES[kind]) == expected
+    assert runtime_for(kind).parse_metrics(page) == expected
 
 
 @pytest.mark.anyio
