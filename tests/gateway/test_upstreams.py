@@ -303,9 +303,8 @@ def test_hbm_free_bytes_is_the_free_kv_cache_in_bytes() -> None:
 
 def test_predicted_ttft_comes_from_the_pools_observed_ttfts() -> None:
     u, pool = _upstream()
-    pool.add(InstanceConfig(id="j", url="http://127.0.0.1:2", model="m"))
-    other = pool.get("j")
-    assert other is not None
+    other = pool.add(InstanceConfig(id="j", url="http://127.0.0.1:2", model="m"), weights="warming")
+    assert other.view().weights == "warming"  # the autoscaler's lifecycle
     u.record_probe_success()
     other.record_probe_success()
     u.apply_metrics(RuntimeMetrics(waiting=3), 0.0)

@@ -348,11 +348,14 @@ class UpstreamPool:
         )
 
     # -- membership (the autoscaler's registry) ------------------------------------------------
-    def add(self, config: InstanceConfig) -> Upstream:
-        """Start routing to a new instance (an autoscaler activated it)."""
+    def add(self, config: InstanceConfig, *, weights: str = COLD) -> Upstream:
+        """Start routing to a new instance (an autoscaler activated it). ``weights``: what its
+        lifecycle says (``warm`` once it serves, ``warming`` while it starts); its first answered
+        health check or request makes it warm in any case."""
         if config.id in self._by_id:
             raise ValueError(f"instance {config.id!r} is already in the pool")
         u = self._upstream(config)
+        u.set_weights(weights)
         self._by_id[u.id] = u
         self._by_model.setdefault(u.model, []).append(u)
         self.generation.bump()
