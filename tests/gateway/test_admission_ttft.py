@@ -51,7 +51,7 @@ BUSY = [InstanceView("a", waiting=10), InstanceView("b", waiting=12)]
         (1.0, BUSY, True),
         (2.0, BUSY, True),
         (3.0, BUSY, False),
-        (None, BUSY, False),  # no budget, nothing to predict against
+        (None, BUSY, False),  # the class's budget (standard: 120 s)
         (1.0, [InstanceView("a", waiting=0)], False),  # 0.1 s
         (1.0, [InstanceView("a", waiting=10, healthy=False)], False),  # no usable instance: routing's call
         (1.0, None, False),  # no views given: today's admission
@@ -70,9 +70,26 @@ async def test_a_request_whose_predicted_ttft_exceeds_its_budget_is_shed(
         await pool.admit(_info(budget_s, now), PriorityClass.STANDARD, now)
     assert err.value.status == 503 and err.value.code == "shed"
     assert "predicted time to first token" in err.value.message and "2.10 s" in err.value.message
-    assert f"latency budget of {budget_s:g} s" in err.value.message
+    assert f"latency budget of {budget_s:.3g} s" in err.value.message
     assert registry.get_sample_value("tokenplane_shed_total", {"reason": "ttft_over_budget"}) == 1.0
     assert pool.in_flight == 0 and pool.queue.depth == 0
+
+
+async def test_the_class_budget_is_the_deadline_without_a_request_budget() -> None:
+    registry = CollectorRegistry()
+    pool = PoolAdmission(
+        "m",
+        AdmissionQueue.from_params({"budget_s": {"interactive": 1.5}}, pool="m"),
+        LoadShedder.from_params({}),
+        lambda: 8,
+        AdmissionMetrics(registry, dict),
+        views=lambda: BUSY,
+        predictor=TtftPredictor(mean_prefill_s=0.2),
+    )
+    now = time.monotonic()
+    with pytest.raises(PoolSaturated, match=r"2\.10 s, over the request's latency budget of 1\.5 s"):
+        await pool.admit(_info(None, now), PriorityClass.INTERACTIVE, now)
+    assert await pool.admit(_info(None, now), PriorityClass.STANDARD, now) > now
 
 
 async def test_observed_ttfts_move_the_prediction() -> None:

@@ -11,12 +11,14 @@ token-weighted service, then earliest deadline), or its deadline passes, or a hi
 
 SLO-predictive shedding: given the pool's instance views and its
 :class:`~tokenplane.core.shedding.TtftPredictor` (fed with observed TTFTs, see
-:class:`~tokenplane.gateway.view_signals.PoolTtft`), a request with a latency budget
-(``RequestInfo.latency_budget_s``, a time-to-first-token budget from its arrival) is shed before it
-is offered when the core's :class:`~tokenplane.core.shedding.LoadShedder` answers
-``TTFT_OVER_BUDGET``: ``now + predicted TTFT > arrival + budget``, the work would be spent on an
-answer that comes too late anyway. A queued request's load signal carries the same prediction.
-Without views and predictor (the default) nothing is predicted, as before.
+:class:`~tokenplane.gateway.view_signals.PoolTtft`), a request is shed before it is offered when the
+core's :class:`~tokenplane.core.shedding.LoadShedder` answers ``TTFT_OVER_BUDGET``: ``now +
+predicted TTFT > deadline``, the work would be spent on an answer that comes too late anyway. The
+deadline is the queue's (arrival plus the request's latency budget, ``RequestInfo.latency_budget_s``
+where set, else its class's ``budget_s``: a time-to-first-token budget). A queued request's load
+signal carries the same prediction. Without views and predictor (the default) nothing is
+predicted, as before. An infinite prediction (no usable instance) sheds nothing here: routing
+answers that with its own error.
 
 Refusals are errors (rendered at the edge, with ``Retry-After``): 429 when the tenant is over its
 own share (``TENANT_QUEUE_FULL``, or it expired while held by its in-flight limit), 503 when the
@@ -139,7 +141,7 @@ class PoolAdmission:
         """Wait until the request may go; returns its deadline. Raises a :class:`Refused`.
         ``capacity``: :meth:`capacity` as the caller just read it (saves summing it again)."""
         queue = self.queue
-        if info.latency_budget_s is not None and self.predictor is not None and self._views is not None:
+        if self.predictor is not None and self._views is not None:
             self._shed_if_too_late(info, priority, now)
         total = self._capacity() if capacity is None else capacity
         free = total - self.in_flight
@@ -201,16 +203,16 @@ class PoolAdmission:
         )
 
     def _shed_if_too_late(self, info: RequestInfo, priority: PriorityClass, now: float) -> None:
-        budget = info.latency_budget_s
-        assert budget is not None
+        deadline = self.queue.deadline_for(info, priority, info.latency_budget_s)
+        budget = deadline - info.arrival_s
         signal = self.load_signal(info, self.queue.depth, now)
-        shed = self.shedder.decide(priority, signal, now=now, deadline_s=info.arrival_s + budget)
+        shed = self.shedder.decide(priority, signal, now=now, deadline_s=deadline)
         # An infinite prediction means no usable instance: routing says so, with its own error.
         if shed.reason is ShedReason.TTFT_OVER_BUDGET and math.isfinite(signal.predicted_ttft_s):
             self._metrics.shed.labels(shed.reason.value).inc()
             raise PoolSaturated(
                 f"shed ({shed.reason.value}): the predicted time to first token on {self.model!r} is "
-                f"{signal.predicted_ttft_s:.2f} s, over the request's latency budget of {budget:g} s",
+                f"{signal.predicted_ttft_s:.2f} s, over the request's latency budget of {budget:.3g} s",
                 code="shed",
                 retry_after_s=self.queue.retry_after_s(now=now),
             )
