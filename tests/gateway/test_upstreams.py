@@ -154,11 +154,14 @@ async def test_slow_health_checks_while_answering_are_busy_not_down(upstreams, g
     ups = await upstreams(1)
     ups[0].tokens, ups[0].token_delay_s = 40, 0.03  # a 1.2 s stream
     gw = await gateway(ups, health={"interval_s": 0.05, "timeout_s": 0.1, "failures_to_down": 2})
-    ups[0].health_delay_s = 0.5
     stream = await gw.client().completions.create(model=names.MODEL, prompt="x", stream=True)
     pieces, views = [], []
     async for chunk in stream:
         pieces.append(chunk.choices[0].text)
+        if len(pieces) == 1:
+            # Slow from the first token on: set before it, a check timing out while the request was
+            # still on its way (a loaded machine takes > 0.1 s to send it) counted, rightly.
+            ups[0].health_delay_s = 0.5
         if len(pieces) % 8 == 0:
             views.append((await gw.instances())["up-0"])
     assert len(pieces) == 40 and len(views) == 5
