@@ -12,21 +12,11 @@ Four signals feed one :class:`~tokenplane.core.views.InstanceView` per instance:
   it back;
 * observed times to first token, per model pool (:class:`PoolTtft`).
 
-The seven-axis fields are filled from them:
+They also fill the seven-axis fields (``weights``, ``hbm_free_bytes``, ``predicted_ttft_s``): see
+:mod:`tokenplane.gateway.view_signals` for how.
 
-* ``weights``: ``cold`` until the instance is first seen serving (an answered health check or
-  request) and while it is down; ``warming`` while its health check answers but not 200 (llama.cpp
-  answers 503 while it loads a model) or while the autoscaler says it is starting
-  (:meth:`Upstream.set_weights`); ``warm`` once it serves;
-* ``hbm_free_bytes``: no runtime publishes free HBM, so it is the free KV cache in bytes:
-  ``kv_capacity_tokens x (1 - kv_usage) x kv_bytes_per_token`` (the instance's config, else the
-  twin's catalogue entry for its model); 0 (unknown) without a capacity or a size per token;
-* ``predicted_ttft_s``: see :class:`PoolTtft`; 0 (unknown) before any observation and for an
-  instance that is not warm (the placement router then adds its own readiness delay);
-* ``kv_capacity_tokens`` (config, else scraped), ``kv_usage``, ``price_per_hour``, ``gpu``.
-
-The view is cached and rebuilt only after a change, so routing over a fleet allocates nothing per
-request when nothing moved.
+The view is cached: a request's begin and end copy it with new counts; a change of health,
+draining, metrics, weights or the TTFT model rebuilds it.
 """
 
 from __future__ import annotations
@@ -53,6 +43,8 @@ from tokenplane.gateway.view_signals import COLD, WARM, WARMING, PoolTtft, catal
 
 log = logging.getLogger(__name__)
 
+_replace = msgspec.structs.replace
+
 
 class Generation:
     """A counter bumped whenever an instance becomes usable or unusable (health, draining,
@@ -71,6 +63,7 @@ class Upstream:
     """One instance: config, the gateway's accounting, the last scrape and health."""
 
     __slots__ = (
+        "_base",
         "_draining",
         "_failures_to_down",
         "_generation",
@@ -152,6 +145,9 @@ class Upstream:
         self.heard_at = -math.inf  # monotonic time of the last bytes it sent on the request path
         self._draining = False  # set by the autoscaler: finish in-flight work, take no more
         self._view: InstanceView | None = None
+        # The view less the request path's own counts: rebuilt only when health, draining, metrics,
+        # weights or the pool's TTFT model moved; a request's begin and end only copy it.
+        self._base: InstanceView | None = None
 
     @property
     def healthy(self) -> bool:
@@ -161,7 +157,7 @@ class Upstream:
     def healthy(self, healthy: bool) -> None:
         if healthy != self._healthy:
             self._healthy = healthy
-            self._view = None
+            self._view = self._base = None
             self._generation.bump()
 
     @property
@@ -171,7 +167,7 @@ class Upstream:
     def set_draining(self, draining: bool) -> None:
         if draining != self._draining:
             self._draining = draining
-            self._view = None
+            self._view = self._base = None
             self._generation.bump()
 
     # -- the request path --------------------------------------------------------------------
@@ -202,7 +198,7 @@ class Upstream:
         state = WARM if state == WARM else WARMING if state == WARMING else COLD  # the interned constant
         if state is not self._weights:
             self._weights = state
-            self._view = None
+            self._view = self._base = None
 
     def observe_ttft(self, ttft_s: float, waiting_ahead: int | None = None) -> None:
         """A request sent here got its first token ``ttft_s`` after it was sent; ``waiting_ahead``:
@@ -239,40 +235,49 @@ class Upstream:
         self.scraped_at = now
         if metrics != self.metrics:
             self.metrics = metrics
-            self._view = None
+            self._view = self._base = None
 
     # -- what policies and operators read -----------------------------------------------------
     def view(self) -> InstanceView:
         v = self._view
-        ttft = self._ttft
-        if v is None or self._ttft_seen != ttft.version:
-            self._ttft_seen = ttft.version
-            m = self.metrics
-            c = self.config
-            capacity = c.kv_capacity_tokens or m.kv_capacity_tokens
-            warm = self._weights is WARM
-            usage = m.kv_usage
-            if not 0.0 <= usage <= 1.0:
-                usage = 0.0 if usage < 0.0 else 1.0  # NaN counts as full, as the placement router does
-            v = self._view = InstanceView(
-                instance_id=self.id,
-                model=self.model,
-                gpu=c.gpu,
-                ready=not self._draining,
-                healthy=self._healthy,
-                outstanding_requests=self.in_flight,
-                outstanding_tokens=self.in_flight_tokens,
-                running=int(m.running),
-                waiting=int(m.waiting),
-                kv_usage=m.kv_usage,
-                kv_capacity_tokens=capacity,
-                price_per_hour=c.price_per_hour,
-                weights=self._weights,
-                hbm_free_bytes=int(capacity * (1.0 - usage) * self.kv_bytes_per_token),
-                predicted_ttft_s=ttft.for_waiting(int(m.waiting)) if warm else 0.0,
-                labels=self.labels,
-            )
+        ttft_version = self._ttft.version
+        if v is not None and self._ttft_seen == ttft_version:
+            return v
+        base = self._base
+        if base is None or self._ttft_seen != ttft_version:
+            self._ttft_seen = ttft_version
+            v = self._base = self._view = self._build()
+            return v
+        v = self._view = _replace(
+            base, outstanding_requests=self.in_flight, outstanding_tokens=self.in_flight_tokens
+        )
         return v
+
+    def _build(self) -> InstanceView:
+        m = self.metrics
+        c = self.config
+        capacity = c.kv_capacity_tokens or m.kv_capacity_tokens
+        usage = m.kv_usage
+        if not 0.0 <= usage <= 1.0:
+            usage = 0.0 if usage < 0.0 else 1.0  # NaN counts as full, as the placement router does
+        return InstanceView(
+            instance_id=self.id,
+            model=self.model,
+            gpu=c.gpu,
+            ready=not self._draining,
+            healthy=self._healthy,
+            outstanding_requests=self.in_flight,
+            outstanding_tokens=self.in_flight_tokens,
+            running=int(m.running),
+            waiting=int(m.waiting),
+            kv_usage=m.kv_usage,
+            kv_capacity_tokens=capacity,
+            price_per_hour=c.price_per_hour,
+            weights=self._weights,
+            hbm_free_bytes=int(capacity * (1.0 - usage) * self.kv_bytes_per_token),
+            predicted_ttft_s=self._ttft.for_waiting(int(m.waiting)) if self._weights is WARM else 0.0,
+            labels=self.labels,
+        )
 
     def describe(self) -> dict[str, Any]:
         """The view plus scrape details, as plain data for ``GET /v1/instances``."""

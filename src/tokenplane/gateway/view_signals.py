@@ -1,11 +1,22 @@
 """Where the gateway's seven-axis view fields come from, beyond the runtime's metrics.
 
-* Weights readiness: :data:`WARM`, :data:`WARMING`, :data:`COLD` (what
-  :func:`~tokenplane.core.routing.placement.weights_state` reads); the transitions are
-  :class:`~tokenplane.gateway.upstreams.Upstream`'s.
-* The time to first token a request joining an instance can expect: :class:`PoolTtft`, one per model
-  pool, fed with observed TTFTs and read both by the instances' views and by admission.
-* KV bytes per token, for ``hbm_free_bytes``: :func:`catalogue_kv_bytes_per_token`.
+How :class:`~tokenplane.gateway.upstreams.Upstream` fills them:
+
+* ``weights`` (:data:`WARM`, :data:`WARMING`, :data:`COLD`, what
+  :func:`~tokenplane.core.routing.placement.weights_state` reads): ``cold`` until the instance is
+  first seen serving (an answered health check or request) and while it is down; ``warming`` while
+  its health check answers but not 200 (llama.cpp answers 503 while it loads a model) or while the
+  autoscaler says it is starting (``Upstream.set_weights``, ``UpstreamPool.add(weights=...)``);
+  ``warm`` once it serves;
+* ``hbm_free_bytes``: no runtime publishes free HBM, so it is the free KV cache in bytes:
+  ``kv_capacity_tokens x (1 - kv_usage) x kv_bytes_per_token`` (the instance's config, else the
+  twin's catalogue entry for its model, :func:`catalogue_kv_bytes_per_token`); 0 (unknown) without
+  a capacity or a size per token;
+* ``predicted_ttft_s``: :class:`PoolTtft`, one per model pool, fed with observed TTFTs and read both
+  by the instances' views and by admission; 0 (unknown) before any observation and for an instance
+  that is not warm (the placement router then adds its own readiness delay);
+* ``kv_capacity_tokens`` (config, else scraped), ``kv_usage``, ``price_per_hour``, ``gpu``: config
+  and the runtime's metrics as they are.
 """
 
 from __future__ import annotations
