@@ -221,6 +221,9 @@ def emulate(
     ] = None,
     speed: Annotated[float, typer.Option(help="Virtual seconds per wall second.")] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed for generated text.")] = 0,
+    runtime: Annotated[
+        str, typer.Option(help="Whose metric names /metrics publishes: vllm, sglang or llamacpp.")
+    ] = "vllm",
 ) -> None:
     """Serve one emulated GPU instance in real time (OpenAI API, vLLM metrics, fault injection)."""
     from tokenplane.emulator.cli import emulate as run_emulator
@@ -237,6 +240,7 @@ def emulate(
         kv_capacity_tokens,
         speed,
         seed,
+        runtime=runtime,
     )
 
 

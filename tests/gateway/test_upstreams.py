@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import math
+from typing import Any
 
 import pytest
 
 from tokenplane.core.prompt_hash import approx_tokens, render_chat
-from tokenplane.gateway.upstreams import METRIC_NAMES, RuntimeMetrics, parse_runtime_metrics
+from tokenplane.gateway.config import HealthConfig, InstanceConfig, ScrapeConfig
+from tokenplane.gateway.runtimes import RuntimeMetrics, runtime_for
+from tokenplane.gateway.upstreams import Upstream, UpstreamPool
 
 VLLM_PAGE = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -59,7 +63,7 @@ llamacpp:prompt_tokens_total 99
     ],
 )
 def test_parse_runtime_metrics(kind, page, expected) -> None:
-    assert parse_runtime_metrics(page, METRIC_NAMES[kind]) == expected
+    assert runtime_for(kind).parse_metrics(page) == expected
 
 
 @pytest.mark.anyio
@@ -150,11 +154,14 @@ async def test_slow_health_checks_while_answering_are_busy_not_down(upstreams, g
     ups = await upstreams(1)
     ups[0].tokens, ups[0].token_delay_s = 40, 0.03  # a 1.2 s stream
     gw = await gateway(ups, health={"interval_s": 0.05, "timeout_s": 0.1, "failures_to_down": 2})
-    ups[0].health_delay_s = 0.5
     stream = await gw.client().completions.create(model=names.MODEL, prompt="x", stream=True)
     pieces, views = [], []
     async for chunk in stream:
         pieces.append(chunk.choices[0].text)
+        if len(pieces) == 1:
+            # Slow from the first token on: set before it, a check timing out while the request was
+            # still on its way (a loaded machine takes > 0.1 s to send it) counted, rightly.
+            ups[0].health_delay_s = 0.5
         if len(pieces) % 8 == 0:
             views.append((await gw.instances())["up-0"])
     assert len(pieces) == 40 and len(views) == 5
@@ -253,3 +260,63 @@ async def test_kv_capacity_scraped_from_the_emulator(emulators, emu_gateway, wai
         return all(i["kv_capacity_tokens"] == 4096 for i in inst.values())
 
     await wait(scraped)
+
+
+# -- the seven-axis fields of the view ------------------------------------------------------------
+
+
+def _upstream(**config: Any) -> tuple[Upstream, UpstreamPool]:
+    cfg = InstanceConfig(id="i", url="http://127.0.0.1:1", **{"model": "m", **config})
+    pool = UpstreamPool([cfg], ScrapeConfig(), HealthConfig(failures_to_down=2))
+    u = pool.get("i")
+    assert u is not None
+    return u, pool
+
+
+def test_weights_follow_health_and_requests() -> None:
+    u, _ = _upstream()
+    assert u.view().weights == "cold"  # not yet seen serving
+    u.record_probe_success()
+    assert u.view().weights == "warm"
+    u.record_failure("x")
+    assert u.view().weights == "warm"  # one failure of two: still in
+    u.record_failure("x")
+    assert u.view().weights == "cold" and not u.view().healthy
+    u.set_weights("warming")  # the autoscaler's lifecycle: starting
+    assert u.view().weights == "warming"
+    u.record_success()
+    assert u.view().weights == "warm"
+    with pytest.raises(ValueError, match="warm, warming or cold"):
+        u.set_weights("hot")
+
+
+def test_hbm_free_bytes_is_the_free_kv_cache_in_bytes() -> None:
+    u, _ = _upstream(kv_bytes_per_token=100)
+    assert u.view().hbm_free_bytes == 0  # capacity unknown
+    u.apply_metrics(RuntimeMetrics(kv_usage=0.25, kv_capacity_tokens=1000), 0.0)
+    assert u.view().hbm_free_bytes == 75_000 and u.view().kv_capacity_tokens == 1000
+    u.apply_metrics(RuntimeMetrics(kv_usage=float("nan"), kv_capacity_tokens=1000), 0.0)
+    assert u.view().hbm_free_bytes == 0  # NaN usage counts as full
+    known, _ = _upstream(model="llama-3-8b", kv_capacity_tokens=1000)  # the twin's catalogue
+    assert known.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
+    assert known.view().hbm_free_bytes == 1000 * known.kv_bytes_per_token
+    unknown, _ = _upstream(model="no-such-model", kv_capacity_tokens=1000)
+    assert unknown.view().hbm_free_bytes == 0
+
+
+def test_predicted_ttft_comes_from_the_pools_observed_ttfts() -> None:
+    u, pool = _upstream()
+    other = pool.add(InstanceConfig(id="j", url="http://127.0.0.1:2", model="m"), weights="warming")
+    assert other.view().weights == "warming"  # the autoscaler's lifecycle
+    u.record_probe_success()
+    other.record_probe_success()
+    u.apply_metrics(RuntimeMetrics(waiting=3), 0.0)
+    assert u.view().predicted_ttft_s == 0.0  # nothing observed yet: the router's own model decides
+    pool.ttft("m").predictor.alpha = 1.0
+    other.observe_ttft(0.5, waiting_ahead=4)  # 0.1 s per request ahead, learnt on the other instance
+    assert math.isclose(u.view().predicted_ttft_s, (3 + 1) * 0.1)
+    assert math.isclose(other.view().predicted_ttft_s, 0.1)
+    u.observe_ttft(0.1001, waiting_ahead=0)  # a move under TTFT_REPUBLISH_RATIO keeps the views
+    assert math.isclose(u.view().predicted_ttft_s, 0.4)
+    u.set_weights("warming")
+    assert u.view().predicted_ttft_s == 0.0  # not warm: the router adds its own readiness delay

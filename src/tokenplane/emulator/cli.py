@@ -9,6 +9,7 @@ from aiohttp import web
 from aiohttp.log import access_logger
 
 from tokenplane.emulator.instance import EmulatorSettings
+from tokenplane.emulator.metrics import RUNTIME_FLAVOURS
 from tokenplane.emulator.server import create_app
 from tokenplane.runloop import freeze_startup_objects, new_event_loop
 
@@ -32,6 +33,7 @@ def emulate(
     max_tokens_cap: int = 4096,
     enable_prefix_caching: bool = True,
     access_log: bool = False,
+    runtime: str = "vllm",
 ) -> None:
     """Run the emulator until interrupted (uvloop when installed)."""
     settings = EmulatorSettings(
@@ -56,7 +58,7 @@ def emulate(
         f"on http://{host}:{port}",
         flush=True,
     )
-    app = create_app(settings)
+    app = create_app(settings, runtime)
     app.on_startup.append(freeze_startup_objects)  # a GPU's steps do not pause for the collector
     web.run_app(
         app,
@@ -93,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-cap", type=int, default=4096)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--access-log", action="store_true")
+    p.add_argument(
+        "--runtime",
+        choices=RUNTIME_FLAVOURS,
+        default="vllm",
+        help="whose metric names /metrics publishes (the gateway instance's kind to match)",
+    )
     return p
 
 
@@ -116,4 +124,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_tokens_cap=a.max_tokens_cap,
         enable_prefix_caching=not a.no_prefix_caching,
         access_log=a.access_log,
+        runtime=a.runtime,
     )

@@ -1,4 +1,6 @@
-"""vLLM's Prometheus metrics (v1 engine names, labels ``model_name`` and ``engine``) on an own registry.
+"""vLLM's Prometheus metrics (v1 engine names, labels ``model_name`` and ``engine``) on an own registry,
+published as vLLM does or, with a runtime flavour (``tokenplane emulate --runtime``), under SGLang's or
+llama.cpp's names (the gauges a gateway reads; see :func:`VllmMetrics.render`).
 
 prometheus_client appends ``_total`` to counters on exposition, as it does for vLLM, so
 ``vllm:prefix_cache_hits`` is scraped as ``vllm:prefix_cache_hits_total``. Prefix-cache counters are
@@ -26,12 +28,15 @@ REQUEST_LATENCY_BUCKETS = (
     480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 FINISH_REASONS = ("stop", "length", "abort")
+RUNTIME_FLAVOURS = ("vllm", "sglang", "llamacpp")
 
 
 class VllmMetrics:
     def __init__(
         self, model_name: str, engine: str = "0", *, block_size: int = 0, num_gpu_blocks: int = 0
     ) -> None:
+        self.model_name = model_name
+        self.kv_capacity_tokens = block_size * num_gpu_blocks
         self.registry = r = CollectorRegistry(auto_describe=True)
         names = ["model_name", "engine"]
         lv = (model_name, engine)
@@ -86,5 +91,52 @@ class VllmMetrics:
             REQUEST_LATENCY_BUCKETS,
         )
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, flavour: str = "vllm") -> bytes:
+        """The exposition in ``flavour``'s names: ``vllm`` (all of the above), ``sglang`` or
+        ``llamacpp`` (the load, KV and token gauges and counters those runtimes publish, from the
+        same values; see :mod:`tokenplane.gateway.runtimes` for where the names come from)."""
+        if flavour == "vllm":
+            return generate_latest(self.registry)
+        v: dict[str, float] = {}
+        for family in self.registry.collect():
+            for sample in family.samples:
+                v[sample.name] = v.get(sample.name, 0.0) + sample.value
+        usage = v.get("vllm:kv_cache_usage_perc", 0.0)
+        generated = v.get("vllm:generation_tokens_total", 0.0)
+        cap = self.kv_capacity_tokens
+        if flavour == "sglang":
+            label = f'{{model_name="{self.model_name}"}}'
+            queries = v.get("vllm:prefix_cache_queries_total", 0.0)
+            hits = v.get("vllm:prefix_cache_hits_total", 0.0)
+            rows = [
+                ("sglang:num_running_reqs", "gauge", label, v.get("vllm:num_requests_running", 0.0)),
+                ("sglang:num_queue_reqs", "gauge", label, v.get("vllm:num_requests_waiting", 0.0)),
+                ("sglang:token_usage", "gauge", label, usage),
+                ("sglang:num_used_tokens", "gauge", label, round(usage * cap)),
+                ("sglang:cache_hit_rate", "gauge", label, hits / queries if queries else 0.0),
+                ("sglang:prompt_tokens_total", "counter", label, queries),
+                (
+                    "sglang:cached_tokens_total",
+                    "counter",
+                    f'{{cache_source="device",model_name="{self.model_name}"}}',
+                    hits,
+                ),
+                ("sglang:generation_tokens_total", "counter", label, generated),
+            ]
+            if cap:
+                rows.append(("sglang:max_total_num_tokens", "gauge", label, cap))
+        elif flavour == "llamacpp":
+            rows = [
+                ("llamacpp:prompt_tokens_total", "counter", "", v.get("vllm:prompt_tokens_total", 0.0)),
+                ("llamacpp:tokens_predicted_total", "counter", "", generated),
+                ("llamacpp:kv_cache_usage_ratio", "gauge", "", usage),
+                ("llamacpp:kv_cache_tokens", "gauge", "", round(usage * cap)),
+                ("llamacpp:requests_processing", "gauge", "", v.get("vllm:num_requests_running", 0.0)),
+                ("llamacpp:requests_deferred", "gauge", "", v.get("vllm:num_requests_waiting", 0.0)),
+            ]
+        else:
+            raise ValueError(f"unknown runtime flavour {flavour!r}; known: {', '.join(RUNTIME_FLAVOURS)}")
+        out = []
+        for name, kind, labels, value in rows:
+            out.append(f"# TYPE {name} {kind}\n{name}{labels} {float(value)!r}\n")
+        return "".join(out).encode()

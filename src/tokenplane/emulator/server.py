@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from tokenplane.core.prompt_hash import approx_tokens, block_hashes
 from tokenplane.emulator.faults import DieFault, FaultUpdate
 from tokenplane.emulator.instance import BLOCK_TOKENS, EmulatedInstance, EmulatorSettings, Pending
-from tokenplane.emulator.metrics import CONTENT_TYPE
+from tokenplane.emulator.metrics import CONTENT_TYPE, RUNTIME_FLAVOURS
 from tokenplane.emulator.protocol import (
     BadRequest,
     ChatCompletionRequest,
@@ -41,6 +41,7 @@ from tokenplane.emulator.protocol import (
 
 SETTINGS_KEY = web.AppKey("settings", EmulatorSettings)
 INSTANCE_KEY = web.AppKey("instance", EmulatedInstance)
+RUNTIME_KEY = web.AppKey("runtime", str)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 _json_encode = msgspec.json.Encoder().encode
@@ -380,7 +381,8 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     inst = _instance(request)
     inst.refresh_gauges()
-    return web.Response(body=inst.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+    body = inst.metrics.render(request.app[RUNTIME_KEY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def get_faults(request: web.Request) -> web.Response:
@@ -410,10 +412,14 @@ async def state(request: web.Request) -> web.Response:
 
 
 # -- app -----------------------------------------------------------------------------------------
-def create_app(settings: EmulatorSettings) -> web.Application:
-    """The emulator's aiohttp application; the instance (engine and clock) starts with the app."""
+def create_app(settings: EmulatorSettings, runtime: str = "vllm") -> web.Application:
+    """The emulator's aiohttp application; the instance (engine and clock) starts with the app.
+    ``runtime``: whose metric names ``/metrics`` speaks (``vllm``, ``sglang``, ``llamacpp``)."""
+    if runtime not in RUNTIME_FLAVOURS:
+        raise ValueError(f"unknown runtime flavour {runtime!r}; known: {', '.join(RUNTIME_FLAVOURS)}")
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SETTINGS_KEY] = settings
+    app[RUNTIME_KEY] = runtime
 
     async def instance_ctx(app: web.Application) -> AsyncIterator[None]:
         app[INSTANCE_KEY] = EmulatedInstance(settings)
@@ -432,13 +438,13 @@ def create_app(settings: EmulatorSettings) -> web.Application:
 
 
 async def start_emulator(
-    settings: EmulatorSettings, port: int = 0, host: str = "127.0.0.1"
+    settings: EmulatorSettings, port: int = 0, host: str = "127.0.0.1", runtime: str = "vllm"
 ) -> tuple[web.AppRunner, str]:
     """Serve an emulator in the current loop; ``port=0`` picks a free port. Returns ``(runner, url)``.
 
     Stop it with ``await runner.cleanup()``.
     """
-    runner = web.AppRunner(create_app(settings), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(create_app(settings, runtime), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

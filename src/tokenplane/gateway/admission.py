@@ -9,9 +9,21 @@ and the oldest wait, per class: batch sheds first) and then waits on a future un
 :meth:`PoolAdmission.pump` dispatches it (``next()``: strict priority, then the tenant with the least
 token-weighted service, then earliest deadline), or its deadline passes, or a higher class evicts it.
 
+SLO-predictive shedding: given the pool's instance views and its
+:class:`~tokenplane.core.shedding.TtftPredictor` (fed with observed TTFTs, see
+:class:`~tokenplane.gateway.view_signals.PoolTtft`), a request is shed before it is offered when the
+core's :class:`~tokenplane.core.shedding.LoadShedder` answers ``TTFT_OVER_BUDGET``: ``now +
+predicted TTFT > deadline``, the work would be spent on an answer that comes too late anyway. The
+deadline is the queue's (arrival plus the request's latency budget, ``RequestInfo.latency_budget_s``
+where set, else its class's ``budget_s``: a time-to-first-token budget). A queued request's load
+signal carries the same prediction. Without views and predictor (the default) nothing is
+predicted, as before. An infinite prediction (no usable instance) sheds nothing here: routing
+answers that with its own error.
+
 Refusals are errors (rendered at the edge, with ``Retry-After``): 429 when the tenant is over its
 own share (``TENANT_QUEUE_FULL``, or it expired while held by its in-flight limit), 503 when the
-pool is saturated (``QUEUE_FULL``, shed, expired, deadline unreachable). ``pump`` runs when a request
+pool is saturated (``QUEUE_FULL``, shed, expired, deadline unreachable, predicted TTFT over budget:
+the message names the prediction). ``pump`` runs when a request
 finishes and from the gateway's housekeeping loop (capacity coming back with an instance).
 
 Metrics: ``tokenplane_queue_depth{model}``, ``tokenplane_queue_wait_seconds{model}``,
@@ -24,8 +36,9 @@ Cost when the pool has room: one ``offer`` (a few dict reads and two counter add
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -37,8 +50,8 @@ from tokenplane.core.admission import (
     AdmissionReason,
     PriorityClass,
 )
-from tokenplane.core.shedding import LoadShedder, LoadSignal
-from tokenplane.core.views import RequestInfo
+from tokenplane.core.shedding import LoadShedder, LoadSignal, ShedReason, TtftPredictor, load_signal
+from tokenplane.core.views import InstanceView, RequestInfo
 from tokenplane.gateway.errors import PoolSaturated, Refused, TenantOverShare
 
 PRIORITY_HEADER = "X-Tokenplane-Priority"
@@ -100,12 +113,18 @@ class PoolAdmission:
         shedder: LoadShedder,
         capacity: Callable[[], int],
         metrics: AdmissionMetrics,
+        *,
+        views: Callable[[], Sequence[InstanceView]] | None = None,
+        predictor: TtftPredictor | None = None,
     ) -> None:
         self.model = model
         self.queue = queue
         self.shedder = shedder
         self._capacity = capacity
         self._metrics = metrics
+        self._views = views
+        self.predictor = predictor
+        """The pool's TTFT model; with ``views``, admission predicts TTFT (see the module docstring)."""
         self.in_flight = 0
         self._waiters: dict[str, asyncio.Future[None]] = {}
 
@@ -122,6 +141,8 @@ class PoolAdmission:
         """Wait until the request may go; returns its deadline. Raises a :class:`Refused`.
         ``capacity``: :meth:`capacity` as the caller just read it (saves summing it again)."""
         queue = self.queue
+        if self.predictor is not None and self._views is not None:
+            self._shed_if_too_late(info, priority, now)
         total = self._capacity() if capacity is None else capacity
         free = total - self.in_flight
         adm = queue.offer(info, now=now, capacity=free, total_capacity=total, priority=priority)
@@ -132,7 +153,7 @@ class PoolAdmission:
             return adm.deadline_s
         if adm.rejected:
             raise self._refusal(adm.reason, adm, now)
-        signal = LoadSignal(queue_depth=queue.depth - 1, oldest_wait_s=queue.oldest_wait_s(now=now))
+        signal = self.load_signal(info, queue.depth - 1, now)
         shed = self.shedder.decide(adm.priority, signal, now=now, deadline_s=adm.deadline_s)
         if shed.shed:
             queue.cancel(info.request_id)
@@ -167,6 +188,34 @@ class PoolAdmission:
             raise
         self._metrics.wait.labels(self.model).observe(time.monotonic() - now)
         return adm.deadline_s
+
+    def load_signal(self, info: RequestInfo, queue_depth: int, now: float) -> LoadSignal:
+        """The pool's load as the shedder reads it; with the TTFT model, its predicted TTFT too."""
+        oldest = self.queue.oldest_wait_s(now=now)
+        if self.predictor is None or self._views is None:
+            return LoadSignal(queue_depth=queue_depth, oldest_wait_s=oldest)
+        return load_signal(
+            self._views(),
+            queue_depth=queue_depth,
+            oldest_wait_s=oldest,
+            predictor=self.predictor,
+            prompt_tokens=info.prompt_tokens,
+        )
+
+    def _shed_if_too_late(self, info: RequestInfo, priority: PriorityClass, now: float) -> None:
+        deadline = self.queue.deadline_for(info, priority, info.latency_budget_s)
+        budget = deadline - info.arrival_s
+        signal = self.load_signal(info, self.queue.depth, now)
+        shed = self.shedder.decide(priority, signal, now=now, deadline_s=deadline)
+        # An infinite prediction means no usable instance: routing says so, with its own error.
+        if shed.reason is ShedReason.TTFT_OVER_BUDGET and math.isfinite(signal.predicted_ttft_s):
+            self._metrics.shed.labels(shed.reason.value).inc()
+            raise PoolSaturated(
+                f"shed ({shed.reason.value}): the predicted time to first token on {self.model!r} is "
+                f"{signal.predicted_ttft_s:.2f} s, over the request's latency budget of {budget:.3g} s",
+                code="shed",
+                retry_after_s=self.queue.retry_after_s(now=now),
+            )
 
     def release(self, info: RequestInfo) -> None:
         """The request left the pool (whatever its fate); dispatch what now fits."""

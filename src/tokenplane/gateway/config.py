@@ -39,6 +39,7 @@ import hashlib
 import random
 import re
 from collections.abc import Mapping
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -74,7 +75,16 @@ PRIORITY_VALUES: Mapping[str, int] = {"interactive": 1, "standard": 0, "batch": 
 ``deferrable`` is the batch class that first waits for spare capacity (see
 :mod:`~tokenplane.gateway.deferral`)."""
 
-InstanceKind = Literal["vllm", "llamacpp", "emulated", "openai"]
+
+class InstanceKind(StrEnum):
+    """The runtime behind an instance; each value has an adapter in :mod:`tokenplane.gateway.runtimes`."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    LLAMACPP = "llamacpp"
+    EMULATED = "emulated"
+    OPENAI = "openai"
+
 
 _HASHED_KEY = re.compile(r"^sha256:[0-9a-f]{64}$")
 
@@ -213,7 +223,7 @@ class InstanceConfig(_Strict):
     id: str = Field(min_length=1)
     url: str
     model: str
-    kind: InstanceKind = "vllm"
+    kind: InstanceKind = InstanceKind.VLLM
     gpu: str = ""
     price_per_hour: float = Field(0.0, ge=0)
     labels: dict[str, str] = Field(default_factory=dict)
@@ -227,8 +237,21 @@ class InstanceConfig(_Strict):
     decode_tokens_per_s: float | None = Field(None, gt=0)
     """Throughput for cost attribution (see :mod:`tokenplane.gateway.economics`); default: the twin's
     step-time model for ``gpu`` and the model, else ``ledger``'s defaults."""
+    kv_bytes_per_token: int = Field(0, ge=0)
+    """KV cache bytes per token, for the view's ``hbm_free_bytes`` (free KV tokens x this); default:
+    the twin's catalogue entry for ``model`` where it has one, else unknown (``hbm_free_bytes`` 0)."""
     kv_events: KvEventsConfig | None = None
     """Subscribe to this instance's vLLM KV events (exact prefix-cache state); off by default."""
+
+    @model_validator(mode="after")
+    def _kv_events_supported(self) -> InstanceConfig:
+        from tokenplane.gateway.runtimes import runtime_for  # the adapters import no config
+
+        if self.kv_events is not None and not runtime_for(self.kind).capabilities.kv_events:
+            raise ValueError(
+                f"kv_events: a {self.kind.value} instance publishes no KV events the gateway reads"
+            )
+        return self
 
     @field_validator("url")
     @classmethod

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import aiohttp
@@ -57,6 +57,7 @@ from tokenplane.gateway.proxy import (
     scan_events,
 )
 from tokenplane.gateway.request import ParsedRequest
+from tokenplane.gateway.runtimes import DEFAULT_RUNTIME, Runtime
 from tokenplane.gateway.upstream_client import SINK_DECLINED, SINK_TAKEN, SINK_TAKEN_WAKE, UpstreamResponse
 from tokenplane.gateway.upstreams import Upstream
 
@@ -65,46 +66,20 @@ _encode = msgspec.json.Encoder().encode
 _DONE = b"data: [DONE]\n\n"
 
 
-def can_continue(parsed: ParsedRequest) -> bool:
-    body = parsed.body
-    if body.get("n") not in (None, 1):
-        return False
-    if parsed.endpoint == "chat":
-        return True
-    if body.get("echo"):
-        return False
-    prompt = body.get("prompt")
-    return type(prompt) is str or (type(prompt) is list and len(prompt) == 1 and type(prompt[0]) is str)
+def can_continue(parsed: ParsedRequest, runtimes: Iterable[Runtime] = (DEFAULT_RUNTIME,)) -> bool:
+    """Whether a broken stream of ``parsed`` can be continued on every runtime it may be routed to
+    (the pool's; by default vLLM's, what the gateway assumed before runtimes were adapters)."""
+    return all(r.can_continue(parsed.endpoint, parsed.body) for r in runtimes)
 
 
-def continuation_body(parsed: ParsedRequest, text: str, tokens: int) -> dict[str, Any]:
-    """The request that continues ``parsed`` after ``text`` (``tokens`` tokens) was delivered."""
-    body = dict(parsed.body)
-    if not text and not tokens:
-        return body
-    if parsed.endpoint == "chat":
-        messages = list(body["messages"])
-        last = messages[-1] if messages else None
-        if body.get("continue_final_message") and isinstance(last, dict) and last.get("role") == "assistant":
-            prior = last.get("content")
-            messages[-1] = {**last, "content": (prior if isinstance(prior, str) else "") + text}
-        else:
-            messages.append({"role": "assistant", "content": text})
-        body["messages"] = messages
-        body["continue_final_message"] = True
-        body["add_generation_prompt"] = False
-        keys: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
-    else:
-        prompt = body["prompt"]
-        body["prompt"] = prompt + text if type(prompt) is str else [prompt[0] + text]
-        keys = ("max_tokens",)
-    for key in keys:
-        v = body.get(key)
-        if type(v) is int:
-            body[key] = max(1, v - tokens)
-    mt = body.get("min_tokens")
-    if type(mt) is int:
-        body["min_tokens"] = max(0, mt - tokens)
+def continuation_body(
+    parsed: ParsedRequest, text: str, tokens: int, runtime: Runtime = DEFAULT_RUNTIME
+) -> dict[str, Any]:
+    """The request that continues ``parsed`` after ``text`` (``tokens`` tokens) was delivered, as
+    ``runtime`` takes it. Ask :func:`can_continue` first: a runtime that cannot continue raises."""
+    body = runtime.continuation(parsed.endpoint, parsed.body, text, tokens)
+    if body is None:
+        raise ValueError(f"a {runtime.kind} instance cannot continue a {parsed.endpoint} stream")
     return body
 
 

@@ -1,105 +1,49 @@
 """Per-instance state as the gateway sees it, and the pool that keeps it fresh.
 
-Three signals feed one :class:`~tokenplane.core.views.InstanceView` per instance:
+Four signals feed one :class:`~tokenplane.core.views.InstanceView` per instance:
 
 * the gateway's own accounting of requests and tokens it has sent and not seen finish (updated on
   the request path; the freshest signal, and the only one that sees this gateway's burst);
-* the runtime's Prometheus metrics, scraped every ``scrape.interval_s`` (vLLM and the emulator:
-  ``vllm:num_requests_running``/``_waiting``, ``vllm:kv_cache_usage_perc``, the prefix-cache
-  counters; llama.cpp: ``llamacpp:requests_processing``/``_deferred``);
+* the runtime's Prometheus metrics, scraped every ``scrape.interval_s`` and read by the instance
+  kind's adapter (:mod:`tokenplane.gateway.runtimes`: running, waiting, KV use and size, prefix-cache
+  counters);
 * health: ``GET health.path`` every ``health.interval_s``. ``failures_to_down`` consecutive
   failures (a failed probe or a failed request) take an instance out; one successful probe brings
-  it back.
+  it back;
+* observed times to first token, per model pool (:class:`PoolTtft`).
 
-The view is cached and rebuilt only after a change, so routing over a fleet allocates nothing per
-request when nothing moved. Scraping filters the (large, histogram-heavy) vLLM exposition down to
-the few lines it reads before handing them to ``prometheus_client``'s parser: a full parse of a
-vLLM page costs milliseconds, the filtered one tens of microseconds.
+They also fill the seven-axis fields (``weights``, ``hbm_free_bytes``, ``predicted_ttft_s``): see
+:mod:`tokenplane.gateway.view_signals` for how.
+
+The view is cached: a request's begin and end copy it with new counts; a change of health,
+draining, metrics, weights or the TTFT model rebuilds it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 import aiohttp
 import msgspec
 from multidict import CIMultiDict, CIMultiDictProxy
-from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
 from tokenplane.core.views import InstanceView
+from tokenplane.gateway.check_rounds import check_round, every
 from tokenplane.gateway.config import HealthConfig, InstanceConfig, ScrapeConfig
+from tokenplane.gateway.runtimes import Runtime, RuntimeMetrics, runtime_for
+from tokenplane.gateway.view_signals import COLD, WARM, WARMING, PoolTtft, catalogue_kv_bytes_per_token
 
 log = logging.getLogger(__name__)
 
-CACHE_CONFIG_INFO = "vllm:cache_config_info"
-_KV_CAPACITY = "kv_capacity_tokens"  # an info metric: read from its labels, not its value
-
-# Sample name -> field of RuntimeMetrics, per runtime kind.
-_VLLM = {
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:kv_cache_usage_perc": "kv_usage",
-    "vllm:gpu_cache_usage_perc": "kv_usage",  # vLLM < 0.10
-    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
-    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
-    CACHE_CONFIG_INFO: _KV_CAPACITY,
-}
-_LLAMACPP = {
-    "llamacpp:requests_processing": "running",
-    "llamacpp:requests_deferred": "waiting",
-    "llamacpp:kv_cache_usage_ratio": "kv_usage",
-}
-METRIC_NAMES: Mapping[str, Mapping[str, str]] = {
-    "vllm": _VLLM,
-    "emulated": _VLLM,
-    "llamacpp": _LLAMACPP,
-    "openai": {},
-}
-
-
-class RuntimeMetrics(msgspec.Struct, frozen=True):
-    """What one scrape of a runtime said (sums over its label sets, e.g. several engines)."""
-
-    running: float = 0.0
-    waiting: float = 0.0
-    kv_usage: float = 0.0
-    prefix_cache_queries: float = 0.0
-    prefix_cache_hits: float = 0.0
-    kv_capacity_tokens: int = 0
-    """From vLLM's ``vllm:cache_config_info`` (``num_gpu_blocks`` x ``block_size`` labels); 0: unknown."""
-
-
-def parse_runtime_metrics(text: str, names: Mapping[str, str]) -> RuntimeMetrics:
-    """Read the runtime's gauges and counters from a Prometheus text exposition."""
-    if not names:
-        return RuntimeMetrics()
-    wanted = "\n".join(line for line in text.splitlines() if line.startswith(tuple(names)))
-    values: dict[str, float] = {}
-    capacity = 0
-    for family in text_string_to_metric_families(wanted + "\n"):
-        for sample in family.samples:
-            field = names.get(sample.name)
-            if field == _KV_CAPACITY:
-                capacity += _cache_tokens(sample.labels)
-            elif field is not None:
-                values[field] = values.get(field, 0.0) + float(sample.value)
-    return RuntimeMetrics(**values, kv_capacity_tokens=capacity)
-
-
-def _cache_tokens(labels: Mapping[str, str]) -> int:
-    try:
-        return max(0, int(labels.get("num_gpu_blocks") or 0)) * max(0, int(labels.get("block_size") or 0))
-    except ValueError:  # "None" before the engine has sized its cache
-        return 0
+_replace = msgspec.structs.replace
 
 
 class Generation:
@@ -119,11 +63,15 @@ class Upstream:
     """One instance: config, the gateway's accounting, the last scrape and health."""
 
     __slots__ = (
+        "_base",
         "_draining",
         "_failures_to_down",
         "_generation",
         "_healthy",
+        "_ttft",
+        "_ttft_seen",
         "_view",
+        "_weights",
         "chat_url",
         "completions_url",
         "config",
@@ -136,19 +84,32 @@ class Upstream:
         "id",
         "in_flight",
         "in_flight_tokens",
+        "kv_bytes_per_token",
         "labels",
         "last_error",
         "metrics",
         "metrics_url",
         "model",
+        "runtime",
         "scraped_at",
     )
 
     def __init__(
-        self, config: InstanceConfig, health: HealthConfig, generation: Generation | None = None
+        self,
+        config: InstanceConfig,
+        health: HealthConfig,
+        generation: Generation | None = None,
+        *,
+        ttft: PoolTtft | None = None,
+        kv_bytes_per_token: int = 0,
     ) -> None:
         self._generation = generation if generation is not None else Generation()
         self.config = config
+        self.runtime: Runtime = runtime_for(config.kind)
+        self._ttft = ttft if ttft is not None else PoolTtft()
+        self._ttft_seen = self._ttft.version
+        self.kv_bytes_per_token = config.kv_bytes_per_token or kv_bytes_per_token
+        self._weights = COLD  # not yet seen serving
         self.id = config.id
         self.model = config.model
         # Parsed once: aiohttp would otherwise parse a URL string and build a headers multidict per
@@ -184,6 +145,9 @@ class Upstream:
         self.heard_at = -math.inf  # monotonic time of the last bytes it sent on the request path
         self._draining = False  # set by the autoscaler: finish in-flight work, take no more
         self._view: InstanceView | None = None
+        # The view less the request path's own counts: rebuilt only when health, draining, metrics,
+        # weights or the pool's TTFT model moved; a request's begin and end only copy it.
+        self._base: InstanceView | None = None
 
     @property
     def healthy(self) -> bool:
@@ -193,7 +157,7 @@ class Upstream:
     def healthy(self, healthy: bool) -> None:
         if healthy != self._healthy:
             self._healthy = healthy
-            self._view = None
+            self._view = self._base = None
             self._generation.bump()
 
     @property
@@ -203,7 +167,7 @@ class Upstream:
     def set_draining(self, draining: bool) -> None:
         if draining != self._draining:
             self._draining = draining
-            self._view = None
+            self._view = self._base = None
             self._generation.bump()
 
     # -- the request path --------------------------------------------------------------------
@@ -220,6 +184,26 @@ class Upstream:
     def record_success(self) -> None:
         if self.consecutive_failures:
             self.consecutive_failures = 0
+        if self._weights is not WARM:
+            self.set_weights(WARM)
+
+    @property
+    def weights(self) -> str:
+        return self._weights
+
+    def set_weights(self, state: str) -> None:
+        """``warm`` | ``warming`` | ``cold``; the autoscaler marks an instance it is starting ``warming``."""
+        if state not in (WARM, WARMING, COLD):
+            raise ValueError(f"weights state must be warm, warming or cold, got {state!r}")
+        state = WARM if state == WARM else WARMING if state == WARMING else COLD  # the interned constant
+        if state is not self._weights:
+            self._weights = state
+            self._view = self._base = None
+
+    def observe_ttft(self, ttft_s: float, waiting_ahead: int | None = None) -> None:
+        """A request sent here got its first token ``ttft_s`` after it was sent; ``waiting_ahead``:
+        the instance's reported queue when it was sent (default: as last scraped)."""
+        self._ttft.observe(ttft_s, int(self.metrics.waiting) if waiting_ahead is None else waiting_ahead)
 
     def record_failure(self, reason: str) -> bool:
         """Count a failure; True when this one took the instance out."""
@@ -227,6 +211,7 @@ class Upstream:
         self.last_error = reason
         if self._healthy and self.consecutive_failures >= self._failures_to_down:
             self.healthy = False
+            self.set_weights(COLD)
             log.warning("instance %s marked down: %s", self.id, reason)
             return True
         return False
@@ -240,6 +225,8 @@ class Upstream:
 
     def record_probe_success(self) -> None:
         self.consecutive_failures = 0
+        if self._weights is not WARM:
+            self.set_weights(WARM)
         if not self._healthy:
             self.healthy = True
             log.info("instance %s back up", self.id)
@@ -248,30 +235,49 @@ class Upstream:
         self.scraped_at = now
         if metrics != self.metrics:
             self.metrics = metrics
-            self._view = None
+            self._view = self._base = None
 
     # -- what policies and operators read -----------------------------------------------------
     def view(self) -> InstanceView:
         v = self._view
-        if v is None:
-            m = self.metrics
-            c = self.config
-            v = self._view = InstanceView(
-                instance_id=self.id,
-                model=self.model,
-                gpu=c.gpu,
-                ready=not self._draining,
-                healthy=self._healthy,
-                outstanding_requests=self.in_flight,
-                outstanding_tokens=self.in_flight_tokens,
-                running=int(m.running),
-                waiting=int(m.waiting),
-                kv_usage=m.kv_usage,
-                kv_capacity_tokens=c.kv_capacity_tokens or m.kv_capacity_tokens,
-                price_per_hour=c.price_per_hour,
-                labels=self.labels,
-            )
+        ttft_version = self._ttft.version
+        if v is not None and self._ttft_seen == ttft_version:
+            return v
+        base = self._base
+        if base is None or self._ttft_seen != ttft_version:
+            self._ttft_seen = ttft_version
+            v = self._base = self._view = self._build()
+            return v
+        v = self._view = _replace(
+            base, outstanding_requests=self.in_flight, outstanding_tokens=self.in_flight_tokens
+        )
         return v
+
+    def _build(self) -> InstanceView:
+        m = self.metrics
+        c = self.config
+        capacity = c.kv_capacity_tokens or m.kv_capacity_tokens
+        usage = m.kv_usage
+        if not 0.0 <= usage <= 1.0:
+            usage = 0.0 if usage < 0.0 else 1.0  # NaN counts as full, as the placement router does
+        return InstanceView(
+            instance_id=self.id,
+            model=self.model,
+            gpu=c.gpu,
+            ready=not self._draining,
+            healthy=self._healthy,
+            outstanding_requests=self.in_flight,
+            outstanding_tokens=self.in_flight_tokens,
+            running=int(m.running),
+            waiting=int(m.waiting),
+            kv_usage=m.kv_usage,
+            kv_capacity_tokens=capacity,
+            price_per_hour=c.price_per_hour,
+            weights=self._weights,
+            hbm_free_bytes=int(capacity * (1.0 - usage) * self.kv_bytes_per_token),
+            predicted_ttft_s=self._ttft.for_waiting(int(m.waiting)) if self._weights is WARM else 0.0,
+            labels=self.labels,
+        )
 
     def describe(self) -> dict[str, Any]:
         """The view plus scrape details, as plain data for ``GET /v1/instances``."""
@@ -279,7 +285,7 @@ class Upstream:
         out: dict[str, Any] = msgspec.to_builtins(self.view(), enc_hook=dict)
         out.update(
             url=self.config.url,
-            kind=self.config.kind,
+            kind=self.runtime.kind,
             prefix_cache_queries=m.prefix_cache_queries,
             prefix_cache_hits=m.prefix_cache_hits,
             scraped_at=self.scraped_at,
@@ -305,7 +311,8 @@ class UpstreamPool:
         self._on_down = on_down
         self.generation = Generation()
         """Bumped when any instance becomes usable or unusable, or joins or leaves the pool."""
-        self._by_id = {c.id: Upstream(c, health, self.generation) for c in instances}
+        self._ttft: dict[str, PoolTtft] = {}
+        self._by_id = {c.id: self._upstream(c) for c in instances}
         self._by_model: dict[str, list[Upstream]] = {}
         for u in self._by_id.values():
             self._by_model.setdefault(u.model, []).append(u)
@@ -326,12 +333,34 @@ class UpstreamPool:
     def get(self, instance_id: str) -> Upstream | None:
         return self._by_id.get(instance_id)
 
+    def views(self, model: str) -> list[InstanceView]:
+        return [u.view() for u in self._by_model.get(model, ())]
+
+    def ttft(self, model: str) -> PoolTtft:
+        """The model pool's TTFT predictor (shared by its instances' views and its admission)."""
+        t = self._ttft.get(model)
+        if t is None:
+            t = self._ttft[model] = PoolTtft()
+        return t
+
+    def _upstream(self, config: InstanceConfig) -> Upstream:
+        return Upstream(
+            config,
+            self._health,
+            self.generation,
+            ttft=self.ttft(config.model),
+            kv_bytes_per_token=config.kv_bytes_per_token or catalogue_kv_bytes_per_token(config.model),
+        )
+
     # -- membership (the autoscaler's registry) ------------------------------------------------
-    def add(self, config: InstanceConfig) -> Upstream:
-        """Start routing to a new instance (an autoscaler activated it)."""
+    def add(self, config: InstanceConfig, *, weights: str = COLD) -> Upstream:
+        """Start routing to a new instance (an autoscaler activated it). ``weights``: what its
+        lifecycle says (``warm`` once it serves, ``warming`` while it starts); its first answered
+        health check or request makes it warm in any case."""
         if config.id in self._by_id:
             raise ValueError(f"instance {config.id!r} is already in the pool")
-        u = Upstream(config, self._health, self.generation)
+        u = self._upstream(config)
+        u.set_weights(weights)
         self._by_id[u.id] = u
         self._by_model.setdefault(u.model, []).append(u)
         self.generation.bump()
@@ -357,9 +386,9 @@ class UpstreamPool:
     # -- background work ------------------------------------------------------------------------
     async def start(self, session: aiohttp.ClientSession) -> None:
         self._session = session
-        self._tasks.append(asyncio.create_task(self._every(self._health.interval_s, self.probe_all)))
+        self._tasks.append(asyncio.create_task(every(self._health.interval_s, self.probe_all)))
         if self._scrape.enabled:
-            self._tasks.append(asyncio.create_task(self._every(self._scrape.interval_s, self.scrape_all)))
+            self._tasks.append(asyncio.create_task(every(self._scrape.interval_s, self.scrape_all)))
 
     async def stop(self) -> None:
         tasks = [*self._tasks, *self._probing.values(), *self._scraping.values()]
@@ -370,21 +399,12 @@ class UpstreamPool:
                 await t
         self._tasks.clear()
 
-    async def _every(self, interval_s: float, job: Callable[[], Any]) -> None:
-        while True:
-            started = time.monotonic()
-            try:
-                await job()
-            except Exception:  # a background loop must outlive any one bad round
-                log.exception("background job %s failed", getattr(job, "__name__", job))
-            await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
-
     async def probe_all(self) -> None:
-        await _round(self.probe, self._by_id.values(), self._probing, self._health.interval_s)
+        await check_round(self.probe, self._by_id.values(), self._probing, self._health.interval_s)
 
     async def scrape_all(self) -> None:
-        ups = [u for u in self._by_id.values() if METRIC_NAMES[u.config.kind]]
-        await _round(self.scrape, ups, self._scraping, self._scrape.interval_s)
+        ups = [u for u in self._by_id.values() if u.runtime.capabilities.metrics]
+        await check_round(self.scrape, ups, self._scraping, self._scrape.interval_s)
 
     async def probe(self, upstream: Upstream) -> bool:
         """One health check. A check that times out while the instance kept sending answers is not
@@ -398,6 +418,8 @@ class UpstreamPool:
                 await resp.read()
                 ok = resp.status == 200
                 reason = f"health check answered {resp.status}"
+                if not ok and upstream.healthy:
+                    upstream.set_weights(WARMING)  # up, not serving yet (llama.cpp: 503 while loading)
         except TimeoutError:
             if upstream.answered_since(started):
                 log.debug("health check of %s timed out while it was answering: busy, not down", upstream.id)
@@ -420,35 +442,9 @@ class UpstreamPool:
                 if resp.status != 200:
                     return False
                 text = await resp.text()
-            metrics = parse_runtime_metrics(text, METRIC_NAMES[upstream.config.kind])
+            metrics = upstream.runtime.parse_metrics(text)
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
             log.debug("scrape of %s failed: %s", upstream.id, exc)
             return False
         upstream.apply_metrics(metrics, time.time())
         return True
-
-
-async def _round(
-    job: Callable[[Upstream], Coroutine[Any, Any, bool]],
-    upstreams: Iterable[Upstream],
-    running: dict[str, asyncio.Task[bool]],
-    wait_s: float,
-) -> None:
-    """One round of checks: ``job`` for every instance not still busy with its last one, waited
-    for at most ``wait_s``. A slow instance finishes its check in the background and skips rounds
-    meanwhile, so it delays nobody else's (a hung instance used to hold every view back by a timeout)."""
-    tasks = []
-    for u in upstreams:
-        task = running.get(u.id)
-        if task is None:
-            task = running[u.id] = asyncio.create_task(job(u))
-            task.add_done_callback(functools.partial(_check_done, running, u.id))
-        tasks.append(task)
-    if tasks:
-        await asyncio.wait(tasks, timeout=wait_s)
-
-
-def _check_done(running: dict[str, asyncio.Task[bool]], instance_id: str, task: asyncio.Task[bool]) -> None:
-    running.pop(instance_id, None)
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("check of %s failed: %r", instance_id, exc, exc_info=exc)
