@@ -19,7 +19,8 @@ trace context); spans, all children of the request's span:
 
 The gateway keeps its own :class:`TracerProvider` (never the process-global one), sampled
 ``ParentBased(TraceIdRatioBased(sample_ratio))``. With tracing off, ``Gateway.tracing`` is ``None``
-and the request path pays one ``is not None`` test per stage. Spans left open by an exception are
+and each request's trace is :data:`NULL_TRACE`, which has the same methods and does nothing (no
+``is not None`` test in the stages). Spans left open by an exception are
 ended, with error status, when the request ends.
 """
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from opentelemetry.context import Context
@@ -78,7 +79,7 @@ class Tracing:
     def from_config(cls, config: TracingConfig) -> Tracing | None:
         return cls(config) if config.otlp_endpoint else None
 
-    def begin(self, headers: Mapping[str, str], method: str, path: str) -> RequestTrace:
+    def begin(self, headers: Mapping[str, str], method: str, path: str) -> Trace:
         parent = _PROPAGATOR.extract(headers)
         root = self.tracer.start_span(
             f"{method} {path}",
@@ -91,6 +92,44 @@ class Tracing:
     def shutdown(self) -> None:
         """Flush and stop (blocking: the OTLP exporter may send; run it off the event loop)."""
         self.provider.shutdown()
+
+
+class Trace(Protocol):
+    """One request's spans: :class:`RequestTrace`, or :data:`NULL_TRACE` with tracing off."""
+
+    def start(self, name: str, *, client: bool = False, **attributes: Any) -> Any: ...
+
+    def end(self, span: Any, error: str | None = None, **attributes: Any) -> None: ...
+
+    def headers(self, span: Any) -> dict[str, str] | None: ...
+
+    def set(self, **attributes: Any) -> None: ...
+
+    def finish(self, outcome: str) -> None: ...
+
+
+class NullTrace:
+    """The trace of a request when tracing is off: every method does nothing."""
+
+    __slots__ = ()
+
+    def start(self, name: str, *, client: bool = False, **attributes: Any) -> Any:
+        return None
+
+    def end(self, span: Any, error: str | None = None, **attributes: Any) -> None:
+        pass
+
+    def headers(self, span: Any) -> dict[str, str] | None:
+        return None
+
+    def set(self, **attributes: Any) -> None:
+        pass
+
+    def finish(self, outcome: str) -> None:
+        pass
+
+
+NULL_TRACE = NullTrace()
 
 
 class RequestTrace:

@@ -30,7 +30,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, cast
@@ -85,11 +85,15 @@ def _no_extra(_request: FastRequest) -> dict[str, str] | None:
 
 
 class FastRequest:
-    """What the completion handler reads of a request: headers, method, path, the whole body,
-    and the transport its answer goes to. Like an aiohttp request, it also holds per-request
-    values under keys (``request[KEY] = value``)."""
+    """A request the front read whole, as a :class:`~tokenplane.gateway.edges.base.ClientStream`:
+    headers, method, path, the body, and the transport its answer goes to. Like an aiohttp request,
+    it also holds per-request values under keys (``request[KEY] = value``)."""
 
     __slots__ = (
+        "_chunked",
+        "_ended",
+        "_pending_head",
+        "_streaming",
         "_values",
         "body",
         "done",
@@ -122,6 +126,10 @@ class FastRequest:
         self.started = False  # the answer's head has been written
         self.done = False  # and all of it
         self._values: dict[Any, Any] = {}
+        self._streaming = False
+        self._pending_head = b""  # a stream's head, sent with its first chunk (one write)
+        self._ended = False
+        self._chunked: asyncio.Transport | None = None  # once the stream's head went out
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._values[key] = value
@@ -129,7 +137,102 @@ class FastRequest:
     def get(self, key: Any, default: Any = None) -> Any:
         return self._values.get(key, default)
 
-    def send(self, resp: web.Response) -> bool:
+    # -- the client-stream protocol -----------------------------------------------------------
+    @property
+    def gone(self) -> bool:
+        return self.transport.is_closing()
+
+    def body_now(self, limit: int) -> bytes | None:
+        return self.body  # the front read it whole, within the limit
+
+    async def read_body(self, limit: int) -> bytes:
+        return self.body
+
+    def note(self, key: Any, value: Any) -> None:
+        self._values[key] = value
+
+    async def send(self, resp: web.Response) -> bool:
+        return self.send_now(resp)
+
+    async def send_json(self, body: bytes, headers: Mapping[str, str] | None = None) -> bool:
+        return self.send_json_now(body, headers)
+
+    async def open_stream(self, headers: Mapping[str, str]) -> None:
+        """The head is made here and goes out with the first chunk (one write, as aiohttp does)."""
+        if self._streaming:
+            return
+        if self.transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        self._streaming = True
+        close = b"" if self.keep_alive else b"Connection: close\r\n"
+        head = _head(200, headers.items(), self.extra_headers(self))
+        self._pending_head = b"%sTransfer-Encoding: chunked\r\nDate: %s\r\n%s\r\n" % (
+            head,
+            _date.get(),
+            close,
+        )
+        self.started = True  # committed: no other answer can follow
+
+    @property
+    def streaming(self) -> bool:
+        return self._streaming
+
+    async def write(self, chunk: bytes) -> None:
+        """One chunk; back-pressure as the relay's: above the high-water mark, wait for the client."""
+        t = self._chunked
+        if t is None:
+            assert self._streaming, "open_stream first"
+            if not chunk:
+                return
+            t = self.transport
+            if t.is_closing():
+                raise ConnectionResetError("the client closed the connection")
+            t.write(b"%s%x\r\n%s\r\n" % (self._pending_head, len(chunk), chunk))
+            self._pending_head = b""
+            self._chunked = t
+            await drain(t)
+            return
+        if t.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        t.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        await drain(t)
+
+    @property
+    def chunked(self) -> bool:
+        return self._chunked is not None
+
+    def write_now(self, chunk: bytes) -> bool:
+        t = self._chunked
+        if t is None or t.is_closing():
+            return False
+        t.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        return True
+
+    def backlog(self) -> int:
+        return self.transport.get_write_buffer_size()
+
+    async def drain(self) -> None:
+        await drain(self.transport)
+
+    async def end_stream(self) -> None:
+        self.end_now()
+
+    def end_now(self) -> None:
+        """The stream's last chunk (once; the front ends a stream its handler left open)."""
+        if self._ended or not self._streaming:
+            return
+        self._ended = True
+        t = self.transport
+        if not t.is_closing():
+            t.write(self._pending_head + b"0\r\n\r\n")
+            self._pending_head = b""
+            self.done = True
+
+    def answer(self) -> web.StreamResponse:
+        return ANSWERED
+
+    # -- whole answers --------------------------------------------------------------------------
+    def send_now(self, resp: web.Response) -> bool:
         """Write a whole answer (see :func:`serialize`); ``False`` if the client had already gone."""
         if self.transport.is_closing():
             return False
@@ -137,18 +240,15 @@ class FastRequest:
         self.started = self.done = True
         return True
 
-    def send_json(self, body: bytes) -> bool:
+    def send_json_now(self, body: bytes, headers: Mapping[str, str] | None = None) -> bool:
         """Write a 200 JSON answer of ``body`` with no ``web.Response`` made for it (an instance's
         answer relayed as it came); ``False`` if the client had already gone."""
         if self.transport.is_closing():
             return False
-        self.transport.write(_message(200, _JSON_HEADERS, self.extra_headers(self), self.keep_alive, body))
+        items = _JSON_HEADERS if not headers else _JSON_HEADERS + tuple(headers.items())
+        self.transport.write(_message(200, items, self.extra_headers(self), self.keep_alive, body))
         self.started = self.done = True
         return True
-
-
-AnyRequest = web.Request | FastRequest
-"""What the completion handler is given: an aiohttp request, or the fast front's."""
 
 
 async def drain(t: asyncio.Transport) -> None:
@@ -209,56 +309,6 @@ def serialize(resp: web.Response, request: FastRequest, extra: dict[str, str] | 
     if not isinstance(body, bytes | bytearray):
         raise TypeError(f"the fast front sends bytes bodies only, not {type(body).__name__}")
     return _message(resp.status, tuple(resp.headers.items()), extra, request.keep_alive, body)
-
-
-class FastStream(web.StreamResponse):
-    """A chunked response (an SSE stream) written by the fast front: the head is made on
-    ``prepare`` and goes out with the first chunk (one write, as aiohttp does), each ``write`` is one
-    chunk, ``write_eof`` the last. Back-pressure as the relay's: above the transport's high-water
-    mark, wait for the client."""
-
-    def __init__(self, request: FastRequest, headers: dict[str, str]) -> None:
-        super().__init__(headers=headers)
-        self.headers["Transfer-Encoding"] = "chunked"
-        self._request = request
-        self._extra = request.extra_headers(request)
-        self._head = b""
-        self._ended = False
-
-    async def prepare(self, request: Any) -> None:
-        r = self._request
-        if r.started:
-            return
-        if r.transport.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        close = b"" if r.keep_alive else b"Connection: close\r\n"
-        head = _head(self.status, self.headers.items(), self._extra)
-        self._head = b"%sTransfer-Encoding: chunked\r\nDate: %s\r\n%s\r\n" % (head, _date.get(), close)
-        r.started = True  # committed: no other answer can follow
-
-    async def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not data:
-            return
-        await self.prepare(self._request)
-        t = self._request.transport
-        if t.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        t.write(b"%s%x\r\n%s\r\n" % (self._head, len(data), bytes(data)))
-        self._head = b""
-        await drain(t)
-
-    async def write_eof(self, data: bytes = b"") -> None:
-        if self._ended:
-            return
-        if data:
-            await self.write(data)
-        await self.prepare(self._request)
-        self._ended = True
-        t = self._request.transport
-        if not t.is_closing():
-            t.write(self._head + b"0\r\n\r\n")
-            self._head = b""
-            self._request.done = True
 
 
 _HEAD = re.compile(
@@ -359,12 +409,12 @@ class FrontProtocol(asyncio.Protocol):
         t = request.transport
         try:
             out = await self.front.handler(request, endpoint)
-            if isinstance(out, FastStream):
-                await out.write_eof()  # what aiohttp does with a returned stream
+            if request.streaming:
+                request.end_now()  # what aiohttp does with a returned stream
             elif not request.started and not t.is_closing():
                 if not isinstance(out, web.Response):
                     raise TypeError(f"an unsent {type(out).__name__} from the completion handler")
-                request.send(out)
+                request.send_now(out)
         except asyncio.CancelledError:
             return
         except Exception:  # the handler maps its own errors; this is a bug, and the answer is lost
@@ -450,10 +500,8 @@ class FastFront:
 __all__ = [
     "ANSWERED",
     "WRITE_HIGH_WATER_BYTES",
-    "AnyRequest",
     "FastFront",
     "FastRequest",
-    "FastStream",
     "FrontProtocol",
     "drain",
     "serialize",
