@@ -262,7 +262,7 @@ async def test_without_the_front_aiohttp_serves_everything(upstreams, names) -> 
 def test_serialized_heads_are_kept_per_kind_of_answer() -> None:
     from multidict import CIMultiDict, CIMultiDictProxy
 
-    from tokenplane.gateway.edges.fast_front import FastRequest, serialize
+    from tokenplane.gateway.edges.fast_request import FastRequest, serialize
 
     def request(connection: str | None = None) -> FastRequest:
         headers = CIMultiDict({"Connection": connection} if connection else {})

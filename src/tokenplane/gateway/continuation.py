@@ -44,7 +44,7 @@ import msgspec
 from aiohttp import web
 
 from tokenplane.gateway.edges.base import ClientStream
-from tokenplane.gateway.edges.fast_front import WRITE_HIGH_WATER_BYTES
+from tokenplane.gateway.edges.fast_request import WRITE_HIGH_WATER_BYTES
 from tokenplane.gateway.errors import (
     GatewayError,
     UpstreamProtocolError,

@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from tokenplane.gateway.edges.fast_front import WRITE_HIGH_WATER_BYTES, drain
+from tokenplane.gateway.edges.fast_request import WRITE_HIGH_WATER_BYTES, drain
 from tokenplane.gateway.errors import BodyTooLarge
 
 
