@@ -27,8 +27,9 @@ ended, with error status, when the request ends.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from opentelemetry.context import Context
@@ -38,6 +39,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+if TYPE_CHECKING:
+    from tokenplane.core.views import RequestInfo
 
 from tokenplane.gateway.config import TracingConfig
 
@@ -95,7 +99,11 @@ class Tracing:
 
 
 class Trace(Protocol):
-    """One request's spans: :class:`RequestTrace`, or :data:`NULL_TRACE` with tracing off."""
+    """One request's spans: :class:`RequestTrace`, or :data:`NULL_TRACE` with tracing off.
+
+    The request path calls the named methods below with positional arguments (and computes no
+    attribute for them), so that with tracing off each costs one call to a method that does nothing.
+    """
 
     def start(self, name: str, *, client: bool = False, **attributes: Any) -> Any: ...
 
@@ -106,6 +114,32 @@ class Trace(Protocol):
     def set(self, **attributes: Any) -> None: ...
 
     def finish(self, outcome: str) -> None: ...
+
+    def begin_step(self, name: str) -> Any:
+        """A child span with no attributes yet (authenticate, route)."""
+        ...
+
+    def authenticated(self, span: Any, tenant: str) -> None: ...
+
+    def described(self, tenant: str, model: str, stream: bool, info: RequestInfo) -> None:
+        """The request's own attributes on its root span, once it is described."""
+        ...
+
+    def begin_admission(self, priority: str) -> Any: ...
+
+    def admitted(self, span: Any, started_s: float) -> None: ...
+
+    def routed(self, span: Any, instance: str, reason: str) -> None: ...
+
+    def begin_attempt(
+        self, continuation: bool, instance: str, number: int, kind: str, tokens_in: int
+    ) -> Any: ...
+
+    def end_attempt(
+        self, span: Any, error: str | None, result: str, tokens_out: int, cost_usd: float
+    ) -> None: ...
+
+    def refused(self, status: int) -> None: ...
 
 
 class NullTrace:
@@ -126,6 +160,35 @@ class NullTrace:
         pass
 
     def finish(self, outcome: str) -> None:
+        pass
+
+    def begin_step(self, name: str) -> Any:
+        return None
+
+    def authenticated(self, span: Any, tenant: str) -> None:
+        pass
+
+    def described(self, tenant: str, model: str, stream: bool, info: RequestInfo) -> None:
+        pass
+
+    def begin_admission(self, priority: str) -> Any:
+        return None
+
+    def admitted(self, span: Any, started_s: float) -> None:
+        pass
+
+    def routed(self, span: Any, instance: str, reason: str) -> None:
+        pass
+
+    def begin_attempt(self, continuation: bool, instance: str, number: int, kind: str, tokens_in: int) -> Any:
+        return None
+
+    def end_attempt(
+        self, span: Any, error: str | None, result: str, tokens_out: int, cost_usd: float
+    ) -> None:
+        pass
+
+    def refused(self, status: int) -> None:
         pass
 
 
@@ -174,6 +237,60 @@ class RequestTrace:
         for k, v in attributes.items():
             if v is not None:
                 self.root.set_attribute(k.replace("__", "."), v)
+
+    # -- the request path's named calls (see Trace) ------------------------------------------
+    def begin_step(self, name: str) -> Span:
+        return self.start(name)
+
+    def authenticated(self, span: Span, tenant: str) -> None:
+        self.end(span, tokenplane__tenant=tenant)
+
+    def described(self, tenant: str, model: str, stream: bool, info: RequestInfo) -> None:
+        wf = info.workflow
+        self.set(
+            tokenplane__tenant=tenant,
+            tokenplane__model=model,
+            tokenplane__stream=stream,
+            tokenplane__request_id=info.request_id,
+            tokenplane__workflow__id=wf.workflow_id if wf is not None else None,
+            tokenplane__workflow__step=wf.step if wf is not None else None,
+            tokenplane__tokens__prompt=info.prompt_tokens,
+        )
+
+    def begin_admission(self, priority: str) -> Span:
+        return self.start("tokenplane.admission", tokenplane__priority=priority)
+
+    def admitted(self, span: Span, started_s: float) -> None:
+        self.end(span, tokenplane__queue_wait_s=time.monotonic() - started_s)
+
+    def routed(self, span: Span, instance: str, reason: str) -> None:
+        self.end(span, tokenplane__instance=instance, tokenplane__route__reason=reason)
+
+    def begin_attempt(
+        self, continuation: bool, instance: str, number: int, kind: str, tokens_in: int
+    ) -> Span:
+        return self.start(
+            "tokenplane.continuation" if continuation else "tokenplane.upstream",
+            client=True,
+            tokenplane__instance=instance,
+            tokenplane__attempt__number=number,
+            tokenplane__attempt__kind=kind,
+            tokenplane__tokens__prompt=tokens_in,
+        )
+
+    def end_attempt(
+        self, span: Span, error: str | None, result: str, tokens_out: int, cost_usd: float
+    ) -> None:
+        self.end(
+            span,
+            error=error,
+            tokenplane__attempt__result=result,
+            tokenplane__tokens__output=tokens_out,
+            tokenplane__cost_usd=cost_usd,
+        )
+
+    def refused(self, status: int) -> None:
+        self.set(http__response__status_code=status)
 
     def finish(self, outcome: str) -> None:
         """End the request's span (and any child an exception left open) with the request's outcome."""

@@ -48,13 +48,13 @@ class Admission:
         self, ctx: RequestContext, pool: PoolAdmission, priority: PriorityClass, capacity: int | None
     ) -> None:
         trace = ctx.trace
-        span = trace.start("tokenplane.admission", tokenplane__priority=priority.label)
+        span = trace.begin_admission(priority.label)
         started = self.clock()
         info = ctx.info
         assert info is not None
         ctx.deadline_s = await pool.admit(info, priority, ctx.arrival, capacity)
         ctx.admitted = True
-        trace.end(span, tokenplane__queue_wait_s=self.clock() - started)
+        trace.admitted(span, started)
 
     def exit(self, ctx: RequestContext) -> None:
         if ctx.admitted:

@@ -195,14 +195,8 @@ class Attempts:
         trace = ex.trace
         base = splicer.delivered_tokens if splicer is not None else 0
         tokens_in = info.prompt_tokens + base
-        name = "tokenplane.continuation" if kind is AttemptKind.CONTINUATION else "tokenplane.upstream"
-        span = trace.start(
-            name,
-            client=True,
-            tokenplane__instance=upstream.id,
-            tokenplane__attempt__number=number,
-            tokenplane__attempt__kind=kind.value,
-            tokenplane__tokens__prompt=tokens_in,
+        span = trace.begin_attempt(
+            kind is AttemptKind.CONTINUATION, upstream.id, number, kind.value, tokens_in
         )
         headers = trace.headers(span)
         started = time.monotonic()
@@ -234,10 +228,5 @@ class Attempts:
             cost = 0.0
             if ex.ledger is not None:
                 cost = ex.ledger.done(info, upstream.config, tokens_in, tokens_out, ok, reason)
-            trace.end(
-                span,
-                error=None if ok else reason,
-                tokenplane__attempt__result=outcome.result.value if outcome is not None else reason,
-                tokenplane__tokens__output=tokens_out,
-                tokenplane__cost_usd=cost,
-            )
+            result = outcome.result.value if outcome is not None else reason
+            trace.end_attempt(span, None if ok else reason, result, tokens_out, cost)

@@ -15,11 +15,11 @@ class Authenticate:
 
     def enter(self, ctx: RequestContext) -> None:
         trace = ctx.trace
-        span = trace.start("tokenplane.authenticate")
+        span = trace.begin_step("tokenplane.authenticate")
         tenant = self.auth.authenticate(ctx.client.headers.get("Authorization"))
         ctx.caller = tenant
         ctx.tenant = tenant.name
-        trace.end(span, tokenplane__tenant=tenant.name)
+        trace.authenticated(span, tenant.name)
 
     def exit(self, ctx: RequestContext) -> None:
         pass

@@ -111,7 +111,7 @@ class Forward:
                 if ttft_left is not None and ttft_left <= 0 and error is not None:
                     break  # nothing delivered and the latency budget is spent: no retry
                 trace = ex.trace
-                rspan = trace.start("tokenplane.route")
+                rspan = trace.begin_step("tokenplane.route")
                 try:
                     upstream, decision = self.route(info, model, now, attempt.exclude)
                 except NoHealthyInstance as exc:
@@ -120,7 +120,7 @@ class Forward:
                         error = exc
                     break
                 ex.reason = decision.reason.value
-                trace.end(rspan, tokenplane__instance=upstream.id, tokenplane__route__reason=ex.reason)
+                trace.routed(rspan, upstream.id, ex.reason)
                 # The latency budget is a time-to-first-token budget. A stream's headers come at
                 # once, so it bounds their wait; a plain answer's headers come with its last token,
                 # so there the budget bounds only the queue and retries, not a long generation.

@@ -80,16 +80,7 @@ class TenantLimits:
             raise
         if self.ledger_on:
             ctx.ledger = AttemptLog(self.workflows)
-        wf = info.workflow
-        ctx.trace.set(
-            tokenplane__tenant=tenant.name,
-            tokenplane__model=model.name,
-            tokenplane__stream=parsed.stream,
-            tokenplane__request_id=info.request_id,
-            tokenplane__workflow__id=wf.workflow_id if wf is not None else None,
-            tokenplane__workflow__step=wf.step if wf is not None else None,
-            tokenplane__tokens__prompt=info.prompt_tokens,
-        )
+        ctx.trace.described(tenant.name, model.name, parsed.stream, info)
 
     def exit(self, ctx: RequestContext) -> None:
         assert ctx.caller is not None

@@ -68,7 +68,7 @@ class Pipeline:
                     break
         except GatewayError as exc:
             ctx.outcome = exc.outcome
-            ctx.trace.set(http__response__status_code=exc.status)
+            ctx.trace.refused(exc.status)
             ctx.response = error_response(exc)
         except BaseException as other:
             if not isinstance(other, Exception):  # cancelled: the client went away
