@@ -40,6 +40,9 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from tokenplane.core.admission import PriorityClass
+from tokenplane.core.retry_budget import AttemptKind
+
 if TYPE_CHECKING:
     from tokenplane.core.views import RequestInfo
 
@@ -125,15 +128,13 @@ class Trace(Protocol):
         """The request's own attributes on its root span, once it is described."""
         ...
 
-    def begin_admission(self, priority: str) -> Any: ...
+    def begin_admission(self, priority: PriorityClass) -> Any: ...
 
     def admitted(self, span: Any, started_s: float) -> None: ...
 
     def routed(self, span: Any, instance: str, reason: str) -> None: ...
 
-    def begin_attempt(
-        self, continuation: bool, instance: str, number: int, kind: str, tokens_in: int
-    ) -> Any: ...
+    def begin_attempt(self, instance: str, number: int, kind: AttemptKind, tokens_in: int) -> Any: ...
 
     def end_attempt(
         self, span: Any, error: str | None, result: str, tokens_out: int, cost_usd: float
@@ -171,7 +172,7 @@ class NullTrace:
     def described(self, tenant: str, model: str, stream: bool, info: RequestInfo) -> None:
         pass
 
-    def begin_admission(self, priority: str) -> Any:
+    def begin_admission(self, priority: PriorityClass) -> Any:
         return None
 
     def admitted(self, span: Any, started_s: float) -> None:
@@ -180,7 +181,7 @@ class NullTrace:
     def routed(self, span: Any, instance: str, reason: str) -> None:
         pass
 
-    def begin_attempt(self, continuation: bool, instance: str, number: int, kind: str, tokens_in: int) -> Any:
+    def begin_attempt(self, instance: str, number: int, kind: AttemptKind, tokens_in: int) -> Any:
         return None
 
     def end_attempt(
@@ -257,8 +258,8 @@ class RequestTrace:
             tokenplane__tokens__prompt=info.prompt_tokens,
         )
 
-    def begin_admission(self, priority: str) -> Span:
-        return self.start("tokenplane.admission", tokenplane__priority=priority)
+    def begin_admission(self, priority: PriorityClass) -> Span:
+        return self.start("tokenplane.admission", tokenplane__priority=priority.label)
 
     def admitted(self, span: Span, started_s: float) -> None:
         self.end(span, tokenplane__queue_wait_s=time.monotonic() - started_s)
@@ -266,15 +267,13 @@ class RequestTrace:
     def routed(self, span: Span, instance: str, reason: str) -> None:
         self.end(span, tokenplane__instance=instance, tokenplane__route__reason=reason)
 
-    def begin_attempt(
-        self, continuation: bool, instance: str, number: int, kind: str, tokens_in: int
-    ) -> Span:
+    def begin_attempt(self, instance: str, number: int, kind: AttemptKind, tokens_in: int) -> Span:
         return self.start(
-            "tokenplane.continuation" if continuation else "tokenplane.upstream",
+            "tokenplane.continuation" if kind is AttemptKind.CONTINUATION else "tokenplane.upstream",
             client=True,
             tokenplane__instance=instance,
             tokenplane__attempt__number=number,
-            tokenplane__attempt__kind=kind,
+            tokenplane__attempt__kind=kind.value,
             tokenplane__tokens__prompt=tokens_in,
         )
 

@@ -48,7 +48,7 @@ class Admission:
         self, ctx: RequestContext, pool: PoolAdmission, priority: PriorityClass, capacity: int | None
     ) -> None:
         trace = ctx.trace
-        span = trace.begin_admission(priority.label)
+        span = trace.begin_admission(priority)  # (enum properties cost: the trace reads them)
         started = self.clock()
         info = ctx.info
         assert info is not None

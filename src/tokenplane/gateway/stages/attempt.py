@@ -195,9 +195,7 @@ class Attempts:
         trace = ex.trace
         base = splicer.delivered_tokens if splicer is not None else 0
         tokens_in = info.prompt_tokens + base
-        span = trace.begin_attempt(
-            kind is AttemptKind.CONTINUATION, upstream.id, number, kind.value, tokens_in
-        )
+        span = trace.begin_attempt(upstream.id, number, kind, tokens_in)
         headers = trace.headers(span)
         started = time.monotonic()
         outcome: AttemptOutcome | None = None

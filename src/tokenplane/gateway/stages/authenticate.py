@@ -21,5 +21,7 @@ class Authenticate:
         ctx.tenant = tenant.name
         trace.authenticated(span, tenant.name)
 
+    cleans_up = False
+
     def exit(self, ctx: RequestContext) -> None:
         pass

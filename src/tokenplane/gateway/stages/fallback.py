@@ -32,5 +32,7 @@ class Fallback:
             ctx.cache_key = None  # only the requested model's own answers are stored
             ctx.cacheable = False
 
+    cleans_up = False
+
     def exit(self, ctx: RequestContext) -> None:
         pass

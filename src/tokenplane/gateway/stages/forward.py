@@ -64,6 +64,8 @@ class Forward:
     def enter(self, ctx: RequestContext) -> Awaitable[None]:
         return self._forward(ctx)
 
+    cleans_up = False
+
     def exit(self, ctx: RequestContext) -> None:
         pass
 

@@ -44,5 +44,7 @@ class Parse:
         ctx.served = served
         ctx.model = served.name
 
+    cleans_up = False
+
     def exit(self, ctx: RequestContext) -> None:
         pass

@@ -47,11 +47,13 @@ class Clock(Protocol):
 class Pipeline:
     """The stages in their order, run for each request."""
 
-    __slots__ = ("clock", "stages")
+    __slots__ = ("clock", "exits", "stages")
 
     def __init__(self, stages: Sequence[Stage], clock: Clock) -> None:
         self.stages = tuple(stages)
         self.clock = clock
+        # a stage with nothing to clean up says so (``cleans_up = False``): its exit is not called
+        self.exits = tuple(s.exit if getattr(s, "cleans_up", True) else None for s in self.stages)
 
     async def run(self, client: ClientStream, endpoint: str) -> web.StreamResponse:
         """Run one request; returns what the edge sends (or the answer already sent)."""
@@ -80,9 +82,12 @@ class Pipeline:
                 GatewayError("internal error in the gateway", code="internal_error")
             )
         finally:
+            exits = self.exits
             while entered:
                 entered -= 1
-                stages[entered].exit(ctx)
+                exit_ = exits[entered]
+                if exit_ is not None:
+                    exit_(ctx)
         out = ctx.response
         return out if out is not None else client.answer()
 
