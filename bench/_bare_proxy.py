@@ -6,7 +6,8 @@ an SSE answer relayed chunk by chunk as it arrives. Same server and client setti
 between the two is the gateway's own work: auth, parsing, routing, accounting, metrics.
 
 With ``--client tokenplane`` the upstream side is tokenplane's own client
-(:class:`tokenplane.gateway.upstream_client.UpstreamClient`, as in the gateway and the floor), so the
+(:class:`~tokenplane.gateway.transports.httptools_client.UpstreamClient`, as in the gateway and
+the floor), so the
 server framework's share of the gateway's cost can be read off: this proxy minus the floor is
 aiohttp's server, the gateway minus this proxy is the gateway's own work.
 

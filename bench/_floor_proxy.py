@@ -1,7 +1,7 @@
 """The floor for ``gateway_overhead.py``: the least a Python reverse proxy can spend per request.
 
 A raw asyncio protocol server (requests parsed by httptools) in front of tokenplane's own upstream
-client (:class:`tokenplane.gateway.upstream_client.UpstreamClient`), round-robin, no parsing, no
+client (:class:`tokenplane.gateway.transports.httptools_client.UpstreamClient`), round-robin, no parsing, no
 policy. It shows what the transport costs on this machine, so the gateway's figure splits into
 server framework, client and tokenplane's own stages. It is a measuring stick, not a server: one
 request at a time per connection (the load generator's pattern), no body limit, no errors mapped.
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import httptools
 import uvloop
 
-from tokenplane.gateway.upstream_client import UpstreamClient, UpstreamResponse
+from tokenplane.gateway.transports.httptools_client import UpstreamClient, UpstreamResponse
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 

@@ -50,7 +50,11 @@ import gateway_overhead as load  # noqa: E402  (the same config, bodies and fake
 from tokenplane.gateway import create_app, parse_config  # noqa: E402
 from tokenplane.gateway.app import GATEWAY_KEY  # noqa: E402
 from tokenplane.gateway.server import GatewayServer  # noqa: E402
-from tokenplane.gateway.upstream_client import UpstreamClient  # noqa: E402
+
+try:  # the layout since the pipeline redesign; the baseline (--baseline-src) has the old one
+    from tokenplane.gateway.transports.httptools_client import UpstreamClient
+except ImportError:  # pragma: no cover
+    from tokenplane.gateway.upstream_client import UpstreamClient  # type: ignore[no-redef]
 from tokenplane.runloop import freeze_startup_objects, new_event_loop  # noqa: E402
 
 DEFAULT_N = 20_000

@@ -29,8 +29,10 @@ from tokenplane.core.admission import PriorityClass
 from tokenplane.core.outcomes import AttemptOutcome, AttemptResult
 from tokenplane.core.prompt_hash import block_hashes
 from tokenplane.gateway import create_app, hash_key, parse_config
-from tokenplane.gateway.app import GATEWAY_KEY, Gateway
+from tokenplane.gateway.app import GATEWAY_KEY, PIPELINE_KEY, Gateway
 from tokenplane.gateway.request import parse_request
+from tokenplane.gateway.stages.forward import Forward
+from tokenplane.gateway.stages.limits import TenantLimits
 from tokenplane.ledger import MemoryLedger
 from tokenplane.ledger.store import BaseLedger
 
@@ -84,12 +86,15 @@ def _time(fn: Callable[[int], object], n: int, rounds: int) -> float:
 def measure(n: int = 5000, rounds: int = 5) -> dict[str, float]:
     app = create_app(parse_config(_config()), rng=random.Random(7))
     gw: Gateway = app[GATEWAY_KEY]
+    stages = app[PIPELINE_KEY].stages
+    describer = next(s for s in stages if isinstance(s, TenantLimits)).describer
+    forward = next(s for s in stages if isinstance(s, Forward))
     bodies = [_body(i) for i in range(n)]
     tenant = gw.auth.authenticate(f"Bearer {API_KEY}")
     parsed = [parse_request(b, "chat", gw.limits) for b in bodies]
-    model = gw.resolve(parsed[0], tenant)
+    model = gw.catalog.resolve(parsed[0].model, tenant)
     now = time.monotonic()
-    infos = [gw.describe(p, model, tenant, now) for p in parsed]
+    infos = [describer.describe(p, model, tenant, now) for p in parsed]
     pool = gw.admission[model.name]
     board = gw.resilience.board
     ledger = MemoryLedger()
@@ -98,7 +103,9 @@ def measure(n: int = 5000, rounds: int = 5) -> dict[str, float]:
     out["authenticate"] = _time(lambda i: gw.auth.authenticate(f"Bearer {API_KEY}"), n, rounds)
     out["parse_request"] = _time(lambda i: parse_request(bodies[i], "chat", gw.limits), n, rounds)
     out["hash_prompt"] = _time(lambda i: block_hashes(parsed[i].prompt_text), n, rounds)
-    out["describe (incl. hashing)"] = _time(lambda i: gw.describe(parsed[i], model, tenant, now), n, rounds)
+    out["describe (incl. hashing)"] = _time(
+        lambda i: describer.describe(parsed[i], model, tenant, now), n, rounds
+    )
     out["pool capacity"] = _time(lambda i: pool.capacity(), n, rounds)
 
     def admit_release(i: int) -> None:
@@ -109,7 +116,7 @@ def measure(n: int = 5000, rounds: int = 5) -> dict[str, float]:
     out["admission offer + finish"] = _time(admit_release, n, rounds)
 
     def route(i: int) -> None:
-        upstream, _ = gw.route(infos[i], model, now)
+        upstream, _ = forward.route(infos[i], model, now)
         model.router.on_routed(infos[i], upstream.id, now=now)
         upstream.begin(100)
         upstream.end(100)

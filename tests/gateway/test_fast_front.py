@@ -15,7 +15,7 @@ import httptools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenplane.gateway.fast_front import MAX_HEAD_BYTES, _parse_head
+from tokenplane.gateway.edges.fast_front import MAX_HEAD_BYTES, _parse_head
 
 CHAT = "/v1/chat/completions"
 
@@ -262,7 +262,7 @@ async def test_without_the_front_aiohttp_serves_everything(upstreams, names) -> 
 def test_serialized_heads_are_kept_per_kind_of_answer() -> None:
     from multidict import CIMultiDict, CIMultiDictProxy
 
-    from tokenplane.gateway.fast_front import FastRequest, serialize
+    from tokenplane.gateway.edges.fast_request import FastRequest, serialize
 
     def request(connection: str | None = None) -> FastRequest:
         headers = CIMultiDict({"Connection": connection} if connection else {})

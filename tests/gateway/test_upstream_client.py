@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from tokenplane.gateway.upstream_client import (
+from tokenplane.gateway.transports.httptools_client import (
     HIGH_WATER_BYTES,
     SINK_DECLINED,
     SINK_TAKEN,

@@ -1,7 +1,8 @@
 """The emulator's HTTP face: vLLM's OpenAI-compatible API, ``/metrics`` and a fault-injection admin API.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream or not, with
-``stream_options.include_usage`` / ``continuous_usage_stats``), ``GET /v1/models``, ``GET /health``,
+``stream_options.include_usage`` / ``continuous_usage_stats``), ``POST /v1/embeddings`` (one
+deterministic vector per input, from its hash), ``GET /v1/models``, ``GET /health``,
 ``GET /metrics``, ``GET|POST /admin/faults``, ``GET /admin/state``.
 
 Streams carry one SSE event per generated token, written as the engine produces them (several per
@@ -13,9 +14,13 @@ for non-streamed requests to notice).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import math
 import os
 import socket
+import struct
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -351,6 +356,48 @@ async def _stream(
 
 
 # -- other routes ------------------------------------------------------------------------------------
+EMBEDDING_DIMENSIONS = 8
+
+
+def _embedding(text: str, dimensions: int) -> list[float]:
+    """A deterministic unit vector for ``text`` (from its hash), so that tests can check it."""
+    digest = hashlib.sha256(text.encode()).digest()
+    raw = [digest[i % len(digest)] / 255.0 - 0.5 for i in range(dimensions)]
+    norm = math.sqrt(sum(v * v for v in raw)) or 1.0
+    return [v / norm for v in raw]
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    """``POST /v1/embeddings``: one deterministic vector per input text (no engine time spent)."""
+    inst = _instance(request)
+    try:
+        body = _json_decode(await request.read())
+    except msgspec.DecodeError as e:
+        return error_response(400, f"JSON decode error: {e}")
+    if not isinstance(body, dict):
+        return error_response(400, "Request body must be a JSON object.")
+    given = body.get("input")
+    texts = [given] if isinstance(given, str) else given if isinstance(given, list) else None
+    if not texts or not all(isinstance(t, str) for t in texts):
+        return error_response(400, "'input' must be a string or a non-empty array of strings.", "input")
+    dims = body.get("dimensions")
+    dims = dims if isinstance(dims, int) and 0 < dims <= 4096 else EMBEDDING_DIMENSIONS
+    as_base64 = body.get("encoding_format") == "base64"
+    data = []
+    for i, text in enumerate(texts):
+        vec = _embedding(text, dims)
+        out: Any = base64.b64encode(struct.pack(f"<{dims}f", *vec)).decode() if as_base64 else vec
+        data.append({"object": "embedding", "index": i, "embedding": out})
+    tokens = sum(approx_tokens(t) for t in texts)
+    answer = {
+        "object": "list",
+        "data": data,
+        "model": inst.settings.model_name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+    return web.Response(body=_json_encode(answer), content_type="application/json")
+
+
 async def models(request: web.Request) -> web.Response:
     inst = _instance(request)
     s = inst.settings
@@ -428,6 +475,7 @@ def create_app(settings: EmulatorSettings, runtime: str = "vllm") -> web.Applica
     app.cleanup_ctx.append(instance_ctx)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

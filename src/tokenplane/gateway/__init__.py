@@ -2,7 +2,7 @@
 
 ``create_app(load_config(path))`` gives an aiohttp application;
 :class:`~tokenplane.gateway.server.GatewayServer` listens for it (the completion routes through
-:mod:`~tokenplane.gateway.fast_front`), and ``serve`` runs that until interrupted. See
+:mod:`~tokenplane.gateway.edges.fast_front`), and ``serve`` runs that until interrupted. See
 :mod:`tokenplane.gateway.app` for the request pipeline.
 """
 

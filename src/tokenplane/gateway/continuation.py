@@ -43,22 +43,24 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from tokenplane.gateway.edges.base import ClientStream
+from tokenplane.gateway.edges.fast_request import WRITE_HIGH_WATER_BYTES
 from tokenplane.gateway.errors import (
     GatewayError,
     UpstreamProtocolError,
     error_event,
 )
-from tokenplane.gateway.fast_front import WRITE_HIGH_WATER_BYTES, AnyRequest, FastRequest, FastStream, drain
 from tokenplane.gateway.proxy import (
     OUTCOME_CLIENT_GONE,
     SSE_HEADERS,
-    Exchange,
     SseReader,
     scan_events,
 )
 from tokenplane.gateway.request import ParsedRequest
 from tokenplane.gateway.runtimes import DEFAULT_RUNTIME, Runtime
-from tokenplane.gateway.upstream_client import SINK_DECLINED, SINK_TAKEN, SINK_TAKEN_WAKE, UpstreamResponse
+from tokenplane.gateway.stages.context import RequestContext
+from tokenplane.gateway.transports.base import UpstreamReply
+from tokenplane.gateway.transports.httptools_client import SINK_DECLINED, SINK_TAKEN, SINK_TAKEN_WAKE
 from tokenplane.gateway.upstreams import Upstream
 
 _decode = msgspec.json.Decoder().decode
@@ -97,9 +99,9 @@ class StreamSplicer:
 
     __slots__ = (
         "_chat",
-        "_chunked",
         "_sent",
         "attempts",
+        "client",
         "cont_prompt_tokens",
         "delivered_text",
         "delivered_tokens",
@@ -108,16 +110,12 @@ class StreamSplicer:
         "first_prompt_tokens",
         "head",
         "idle_timeout_s",
-        "out",
-        "request",
     )
 
-    def __init__(self, request: AnyRequest, chat: bool, idle_timeout_s: float | None = None) -> None:
-        self.request = request
+    def __init__(self, client: ClientStream, chat: bool, idle_timeout_s: float | None = None) -> None:
+        self.client = client
         self.idle_timeout_s = idle_timeout_s
-        self.out: web.StreamResponse | None = None
         self._chat = chat
-        self._chunked: asyncio.Transport | None = None
         self._sent: list[bytes] = []
         self.digested = False
         self.delivered_text: list[str] = []
@@ -130,43 +128,16 @@ class StreamSplicer:
 
     @property
     def started(self) -> bool:
-        return self.out is not None
+        return self.client.streaming
+
+    @property
+    def out(self) -> web.StreamResponse:
+        """What the handler returns for the client's stream."""
+        return self.client.answer()
 
     @property
     def text(self) -> str:
         return "".join(self.delivered_text)
-
-    async def _prepare(self) -> web.StreamResponse:
-        out = self.out
-        if out is None:
-            request = self.request
-            if type(request) is FastRequest:
-                out = self.out = FastStream(request, dict(SSE_HEADERS))
-                await out.prepare(request)
-            else:
-                assert isinstance(request, web.Request)
-                out = self.out = web.StreamResponse(headers=SSE_HEADERS)
-                await out.prepare(request)
-        return out
-
-    async def _write(self, out: web.StreamResponse, chunk: bytes) -> None:
-        """One relayed chunk to the client. The first goes through aiohttp (which may send the
-        headers with it); once the response is known to be chunked, later chunks are framed here
-        and written to the transport: aiohttp's writer is two coroutines and a drain check per
-        chunk, ~13 % of a relayed stream's CPU in ``bench/gateway_overhead.py``'s decode scenario.
-        Back-pressure by the transport's own buffer: above the high-water mark, wait for the client.
-        The relay loop inlines the usual case (framed, written, under the mark): one coroutine
-        fewer per chunk."""
-        t = self._chunked
-        if t is None:
-            await out.write(chunk)
-            if out.headers.get("Transfer-Encoding") == "chunked":  # HTTP/1.1; 1.0 stays on aiohttp
-                self._chunked = self.request.transport
-            return
-        if t.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        t.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        await drain(t)
 
     # -- after a failure ------------------------------------------------------------------------
     def digest(self) -> None:
@@ -214,9 +185,7 @@ class StreamSplicer:
         return content
 
     # -- relaying ---------------------------------------------------------------------------------
-    async def relay(
-        self, resp: aiohttp.ClientResponse | UpstreamResponse, ex: Exchange, upstream: Upstream
-    ) -> AttemptEnd:
+    async def relay(self, resp: UpstreamReply, ex: RequestContext, upstream: Upstream) -> AttemptEnd:
         """Relay one attempt's SSE body onto the client's stream (pass-through unless digested).
 
         The relay loop runs as a task of its own. Awaited in place, each of a stream's chunks
@@ -238,9 +207,7 @@ class StreamSplicer:
         await asyncio.wait([task])
         raise cancelled
 
-    async def _relay(
-        self, resp: aiohttp.ClientResponse | UpstreamResponse, ex: Exchange, upstream: Upstream
-    ) -> AttemptEnd:
+    async def _relay(self, resp: UpstreamReply, ex: RequestContext, upstream: Upstream) -> AttemptEnd:
         self.attempts += 1
         splice = self.digested
         started = time.monotonic()
@@ -251,35 +218,34 @@ class StreamSplicer:
         base_tokens = self.delivered_tokens
         reader = SseReader(resp, upstream)
         idle_s = self.idle_timeout_s  # armed at the first token
+        client = self.client
         sink: Callable[[bytes], int] | None = None
-        if not splice and type(resp) is UpstreamResponse:
+        if not splice:
             sent = self._sent  # (digest replaces the list only after this attempt)
 
             def sink(data: bytes) -> int:
                 """The usual piece, whole token events, straight to the client from the upstream
                 connection's callback (see :meth:`SseReader.park`)."""
                 nonlocal tokens
-                t = self._chunked
-                if t is None or t.is_closing():
-                    return SINK_DECLINED
                 size = len(data)
                 if data.endswith(b"}\n\n") and data.startswith(b"data: {") and data.find(b"\n\n") == size - 2:
-                    tokens += 1  # the usual piece: one token event (scan_events' own first case)
+                    n = 1  # the usual piece: one token event (scan_events' own first case)
                 else:
                     if not data.endswith(b"\n\n"):
                         return SINK_DECLINED
                     _fwd, fin, n, _span, malformed = scan_events(data, size)
                     if fin or malformed:  # the loop below handles the end, and what is wrong
                         return SINK_DECLINED
-                    tokens += n
+                if not client.write_now(data):
+                    return SINK_DECLINED
+                tokens += n
                 sent.append(data)
-                t.write(b"%x\r\n%s\r\n" % (size, data))
                 reader.heard()
-                return SINK_TAKEN_WAKE if t.get_write_buffer_size() > WRITE_HIGH_WATER_BYTES else SINK_TAKEN
+                return SINK_TAKEN_WAKE if client.backlog() > WRITE_HIGH_WATER_BYTES else SINK_TAKEN
 
         parked = False  # from the first token on, once the client's stream is chunked
         try:
-            out = await self._prepare()
+            await client.open_stream(SSE_HEADERS)
             while not done:
                 if parked:
                     assert sink is not None
@@ -287,9 +253,8 @@ class StreamSplicer:
                     if stalled is not None:
                         failure = stalled
                         break
-                    t = self._chunked
-                    if t is not None and t.get_write_buffer_size() > WRITE_HIGH_WATER_BYTES:
-                        await drain(t)
+                    if client.backlog() > WRITE_HIGH_WATER_BYTES:
+                        await client.drain()
                 got = await reader.next_batch()
                 if isinstance(got, GatewayError):
                     failure = got
@@ -303,13 +268,11 @@ class StreamSplicer:
                     else:
                         self._sent.append(chunk)
                     if chunk:
-                        t = self._chunked
-                        if t is not None and not t.is_closing():  # the usual chunk: no coroutine
-                            t.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                            if t.get_write_buffer_size() > WRITE_HIGH_WATER_BYTES:
-                                await drain(t)
+                        if client.write_now(chunk):  # the usual chunk: no coroutine
+                            if client.backlog() > WRITE_HIGH_WATER_BYTES:
+                                await client.drain()
                         else:
-                            await self._write(out, chunk)
+                            await client.write(chunk)
                     if n:
                         tokens += n
                         if first_s is None:
@@ -321,7 +284,7 @@ class StreamSplicer:
                 if malformed:
                     failure = UpstreamProtocolError(f"instance {upstream.id} sent a malformed event")
                     break
-                parked = sink is not None and first_s is not None and self._chunked is not None
+                parked = sink is not None and first_s is not None and client.chunked
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             ex.outcome = OUTCOME_CLIENT_GONE
             return AttemptEnd(None, tokens, first_s, client_gone=True)
@@ -399,19 +362,21 @@ class StreamSplicer:
         }
 
     async def finish(self) -> None:
-        out = await self._prepare()
-        await out.write(_DONE)
-        await out.write_eof()
+        client = self.client
+        await client.open_stream(SSE_HEADERS)
+        await client.write(_DONE)
+        await client.end_stream()
 
     async def fail(self, exc: GatewayError) -> web.StreamResponse:
         """End the client's stream with an OpenAI-style error event (built in errors.py)."""
-        out = await self._prepare()
+        client = self.client
+        await client.open_stream(SSE_HEADERS)
         try:
-            await out.write(error_event(exc))
-            await out.write_eof()
+            await client.write(error_event(exc))
+            await client.end_stream()
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             pass
-        return out
+        return client.answer()
 
     async def end_length(self) -> None:
         """Every token asked for was delivered but the final chunk was lost: send it ourselves."""
@@ -423,8 +388,8 @@ class StreamSplicer:
             choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
             obj = "text_completion"
         event = {"object": obj, **copy.copy(head), "choices": [choice]}
-        out = await self._prepare()
-        await out.write(b"data: " + _encode(event) + b"\n\n")
+        await self.client.open_stream(SSE_HEADERS)
+        await self.client.write(b"data: " + _encode(event) + b"\n\n")
         self.finished = True
         await self.finish()
 

@@ -12,12 +12,13 @@ response, which closes its connection: vLLM aborts the request in the engine whe
 
 Retries and stream continuation wrap :func:`open_upstream` and the stream relay
 (:class:`~tokenplane.gateway.continuation.StreamSplicer`; an attempt = one call, and
-:class:`Exchange` carries what a continuation needs: events already sent).
+:class:`~tokenplane.gateway.stages.context.RequestContext` carries what a continuation needs:
+events already sent). Instances are reached through the transports
+(:mod:`~tokenplane.gateway.transports`), whichever serves them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
@@ -27,7 +28,6 @@ import msgspec
 from aiohttp import web
 from yarl import URL
 
-from tokenplane.core.views import RequestInfo
 from tokenplane.gateway.errors import (
     GatewayError,
     InvalidRequest,
@@ -37,13 +37,12 @@ from tokenplane.gateway.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from tokenplane.gateway.upstream_client import UpstreamClient, UpstreamResponse
+from tokenplane.gateway.transports.base import Transports, UpstreamReply
 from tokenplane.gateway.upstreams import Upstream
 from tokenplane.gateway.wire import decode_usage
 
 if TYPE_CHECKING:
-    from tokenplane.gateway.tracing import RequestTrace
-    from tokenplane.gateway.workflows import AttemptLog
+    from tokenplane.gateway.stages.context import RequestContext
 
 MAX_PENDING_EVENT_BYTES = 4 << 20
 """An upstream event longer than this without a terminating blank line is treated as malformed."""
@@ -61,69 +60,21 @@ OUTCOME_CLIENT_GONE = "client_disconnected"
 OUTCOME_UPSTREAM_REJECTED = "upstream_rejected"
 
 
-class Exchange:
-    """Mutable per-request state, from arrival to the last byte; read for accounting and metrics."""
-
-    __slots__ = (
-        "arrival",
-        "cacheable",
-        "completion_tokens",
-        "events_sent",
-        "info",
-        "ledger",
-        "model",
-        "outcome",
-        "reason",
-        "stream",
-        "tenant",
-        "trace",
-        "ttft_s",
-        "upstream",
-    )
-
-    def __init__(self, arrival: float) -> None:
-        self.arrival = arrival
-        self.model = "unknown"
-        self.tenant = "unknown"
-        self.reason = "none"
-        self.outcome = OUTCOME_OK
-        self.stream = False
-        self.info: RequestInfo | None = None
-        self.upstream: Upstream | None = None
-        self.ttft_s: float | None = None
-        self.events_sent = 0
-        self.completion_tokens = 0
-        self.trace: RequestTrace | None = None  # set when tracing is on
-        self.ledger: AttemptLog | None = None  # set when the workflow ledger is on
-        self.cacheable = False  # a successful answer goes into the response cache (header "miss")
-
-
 async def open_upstream(
-    session: aiohttp.ClientSession,
+    transports: Transports,
     upstream: Upstream,
     url: URL,
     body: bytes,
     extra_headers: Mapping[str, str] | None = None,
-    client: UpstreamClient | None = None,
     *,
     first_byte_s: float | None = None,
-) -> aiohttp.ClientResponse | UpstreamResponse:
-    """Send the request; the caller owns (and must close or release) the response.
-
-    ``extra_headers`` (trace context) are added to the instance's own headers. ``first_byte_s``
-    bounds the wait for the response headers. Plain ``http://`` instances go through ``client``
-    (the hot-path client) when given; others through ``session``.
-    """
+) -> UpstreamReply:
+    """Send the request on the transport that serves ``upstream``; the caller owns (and must close
+    or release) the reply. ``extra_headers`` (trace context) are added to the instance's own
+    headers. ``first_byte_s`` bounds the wait for the response headers."""
     cap = None if first_byte_s is None else max(0.0, first_byte_s)
     try:
-        direct = upstream.direct
-        if client is not None and direct is not None:
-            return await client.post(
-                direct[0], direct[1], upstream.heads[url], body, extra_headers, headers_timeout_s=cap
-            )
-        headers = upstream.headers if not extra_headers else {**upstream.headers, **extra_headers}
-        async with asyncio.timeout(cap):
-            return await session.post(url, data=body, headers=headers)
+        return await transports.for_upstream(upstream, url).post(upstream, url, body, extra_headers, cap)
     except TimeoutError:
         if cap is not None:
             raise UpstreamTimeout(f"instance {upstream.id} sent no response headers in time") from None
@@ -132,10 +83,10 @@ async def open_upstream(
         raise UpstreamUnavailable(f"instance {upstream.id} is unreachable: {type(exc).__name__}") from None
 
 
-async def rejection(resp: aiohttp.ClientResponse | UpstreamResponse, upstream: Upstream) -> web.Response:
+async def rejection(resp: UpstreamReply, upstream: Upstream) -> web.Response:
     """Map a non-200 answer: an instance's own 4xx OpenAI error passes through; anything else raises."""
     try:
-        data = await resp.content.read(MAX_ERROR_BODY_BYTES)
+        data = await resp.read_some(MAX_ERROR_BODY_BYTES)
     except (TimeoutError, aiohttp.ClientError, OSError):
         data = b""
     status = resp.status
@@ -157,9 +108,7 @@ async def rejection(resp: aiohttp.ClientResponse | UpstreamResponse, upstream: U
     raise UpstreamUnavailable(f"instance {upstream.id} answered {status}")
 
 
-async def read_json(
-    resp: aiohttp.ClientResponse | UpstreamResponse, ex: Exchange, upstream: Upstream
-) -> bytes:
+async def read_json(resp: UpstreamReply, ex: RequestContext, upstream: Upstream) -> bytes:
     """An instance's whole JSON answer, as it came (its usage counted into ``ex``)."""
     try:
         data = await resp.read()
@@ -227,25 +176,19 @@ class SseReader:
     at the end stays for the next read), or the error that ended the stream.
     """
 
-    __slots__ = ("_content", "_last_at", "_pending", "_resp", "_upstream", "_wrap_s")
+    __slots__ = ("_last_at", "_pending", "_resp", "_upstream")
 
-    def __init__(self, resp: aiohttp.ClientResponse | UpstreamResponse, upstream: Upstream) -> None:
+    def __init__(self, resp: UpstreamReply, upstream: Upstream) -> None:
         self._resp = resp
-        self._content = resp.content
         self._upstream = upstream
         self._pending = b""
-        self._wrap_s: float | None = None
         self._last_at = time.monotonic()  # the headers just came
 
     def arm(self, idle_s: float) -> None:
         """From now on at most ``idle_s`` of silence between reads (the relay arms it at the first
         token: before that a queued or prefilling request is rightly silent, and a runtime may
         send a role chunk first)."""
-        resp = self._resp
-        if isinstance(resp, UpstreamResponse):
-            resp.read_timeout_s = idle_s if resp.read_timeout_s is None else min(idle_s, resp.read_timeout_s)
-        else:  # an aiohttp response: its read timeout was fixed when it was sent
-            self._wrap_s = idle_s
+        self._resp.limit_idle(idle_s)
 
     def _stalled(self) -> UpstreamStalled:
         upstream = self._upstream
@@ -260,13 +203,13 @@ class SseReader:
 
     async def park(self, sink: Callable[[bytes], int]) -> UpstreamStalled | None:
         """Let ``sink`` take the body as it arrives, in the connection's callback (see
-        :meth:`UpstreamResponse.park <tokenplane.gateway.upstream_client.UpstreamResponse.park>`),
+        :meth:`UpstreamReply.park <tokenplane.gateway.transports.base.UpstreamReply.park>`),
         until it declines a piece, asks to be woken, or the body ends. Returns the stall that
         ended it, else ``None``: then :meth:`next_batch` reads on (the declined piece, the end or
-        the error). Without a hot-path response, or with a partial event pending, returns at once."""
-        resp = self._resp
-        if type(resp) is not UpstreamResponse or self._pending:
+        the error). On a transport that cannot park, or with a partial event pending, returns at once."""
+        if self._pending:
             return None
+        resp = self._resp
         w = resp.park(sink)
         if w is None:
             return None
@@ -282,11 +225,7 @@ class SseReader:
         upstream = self._upstream
         while True:
             try:
-                if self._wrap_s is None:
-                    data = await self._content.readany()
-                else:
-                    async with asyncio.timeout(self._wrap_s):
-                        data = await self._content.readany()
+                data = await self._resp.readany()
             except TimeoutError:
                 return self._stalled()
             except (aiohttp.ClientError, OSError) as exc:
@@ -310,7 +249,6 @@ __all__ = [
     "OUTCOME_CLIENT_GONE",
     "OUTCOME_OK",
     "OUTCOME_UPSTREAM_REJECTED",
-    "Exchange",
     "SseReader",
     "UpstreamError",
     "open_upstream",

@@ -26,7 +26,9 @@ from tokenplane.gateway.errors import (
     MalformedJSON,
 )
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "other"]
+"""The two completion routes, parsed in full; "other": any other ``POST /v1/*`` route passed through
+(:func:`parse_other`)."""
 
 ASSUMED_OUTPUT_TOKENS = 256
 """Output tokens assumed for accounting when a request gives no ``max_tokens`` (not a limit)."""
@@ -229,3 +231,31 @@ def parse_request(raw: bytes, endpoint: Endpoint, limits: LimitsConfig) -> Parse
             param=prompt_param,
         )
     return ParsedRequest(endpoint, body, model, stream, text, prompt_tokens, max_tokens, token_ids)
+
+
+def parse_other(raw: bytes, limits: LimitsConfig) -> ParsedRequest:
+    """A body for another ``/v1/*`` route (embeddings, rerank, score...): a JSON object naming its
+    ``model``; the rest is the runtime's to judge. Its prompt is not hashed (no prefix routing);
+    its tokens are estimated from a text ``input`` for accounting."""
+    if not raw:
+        raise MalformedJSON("the request body is empty; expected a JSON object")
+    try:
+        body = _decode(raw)
+    except msgspec.DecodeError as exc:
+        raise MalformedJSON(f"the request body is not valid JSON: {exc}") from None
+    if type(body) is not dict:
+        raise MalformedJSON(f"the request body must be a JSON object, got {_type_name(body)}")
+    model = body.get("model")
+    if model is None:
+        raise InvalidParameter("'model' is required", param="model", code="missing_required_parameter")
+    if type(model) is not str or not model:
+        raise _bad("model", "a non-empty string", model)
+    given = body.get("input")
+    texts = [given] if type(given) is str else given if type(given) is list else []
+    tokens = sum(approx_tokens(t) for t in texts if type(t) is str)
+    if tokens > limits.max_prompt_tokens:
+        raise ContextLengthExceeded(
+            f"the input is about {tokens} tokens; this gateway allows at most {limits.max_prompt_tokens}",
+            param="input",
+        )
+    return ParsedRequest("other", body, model, False, "", tokens, None)

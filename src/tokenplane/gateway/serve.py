@@ -1,7 +1,7 @@
 """``tokenplane serve CONFIG.yaml``: run the gateway until interrupted (SIGINT or SIGTERM).
 
 Runs on uvloop when it is installed. The completion routes are served by the fast front
-(:mod:`~tokenplane.gateway.fast_front`), every other route by aiohttp behind it. Either way a client
+(:mod:`~tokenplane.gateway.edges.fast_front`), every other route by aiohttp behind it. Either way a client
 that disconnects cancels its request handler, which closes the upstream response (the instance
 aborts the request). There is no access log: at about 0.15 ms of CPU per request, its formatting
 alone would be a noticeable share; request counts and latencies are in ``/metrics``.

@@ -1,9 +1,9 @@
 """The listening gateway: the fast front for the completion routes, aiohttp's server for the rest.
 
 ``tokenplane serve`` and the tests start the gateway the same way: aiohttp's ``AppRunner`` runs the
-application (start-up, clean-up, every route), and :class:`~tokenplane.gateway.fast_front.FastFront`
+application (start-up, clean-up, every route), and :class:`~tokenplane.gateway.edges.fast_front.FastFront`
 owns the listening socket, handing connections to the runner's protocol as
-:mod:`~tokenplane.gateway.fast_front` describes. ``fast=False`` listens with aiohttp alone.
+:mod:`~tokenplane.gateway.edges.fast_front` describes. ``fast=False`` listens with aiohttp alone.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import asyncio
 from aiohttp import web
 from yarl import URL
 
-from tokenplane.gateway.app import GATEWAY_KEY
+from tokenplane.gateway.app import GATEWAY_KEY, PIPELINE_KEY
+from tokenplane.gateway.edges.fast_front import KEEPALIVE_TIMEOUT_S, FastFront
 from tokenplane.gateway.fallback import served_by_header
-from tokenplane.gateway.fast_front import KEEPALIVE_TIMEOUT_S, FastFront
 
 
 class GatewayServer:
@@ -47,10 +47,11 @@ class GatewayServer:
             self.port = int(sock[1])
             return
         gw = self.app[GATEWAY_KEY]
+        pipeline = self.app[PIPELINE_KEY]
         server = self.runner.server
         assert server is not None
         self.front = FastFront(
-            gw.completions, server, gw.limits.max_body_bytes, served_by_header, self.keepalive_timeout_s
+            pipeline.run, server, gw.limits.max_body_bytes, served_by_header, self.keepalive_timeout_s
         )
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self.front.protocol, self.host, self.port, reuse_address=True)

@@ -19,15 +19,17 @@ trace context); spans, all children of the request's span:
 
 The gateway keeps its own :class:`TracerProvider` (never the process-global one), sampled
 ``ParentBased(TraceIdRatioBased(sample_ratio))``. With tracing off, ``Gateway.tracing`` is ``None``
-and the request path pays one ``is not None`` test per stage. Spans left open by an exception are
+and each request's trace is :data:`NULL_TRACE`, which has the same methods and does nothing (no
+``is not None`` test in the stages). Spans left open by an exception are
 ended, with error status, when the request ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from opentelemetry.context import Context
@@ -37,6 +39,12 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from tokenplane.core.admission import PriorityClass
+from tokenplane.core.retry_budget import AttemptKind
+
+if TYPE_CHECKING:
+    from tokenplane.core.views import RequestInfo
 
 from tokenplane.gateway.config import TracingConfig
 
@@ -78,7 +86,7 @@ class Tracing:
     def from_config(cls, config: TracingConfig) -> Tracing | None:
         return cls(config) if config.otlp_endpoint else None
 
-    def begin(self, headers: Mapping[str, str], method: str, path: str) -> RequestTrace:
+    def begin(self, headers: Mapping[str, str], method: str, path: str) -> Trace:
         parent = _PROPAGATOR.extract(headers)
         root = self.tracer.start_span(
             f"{method} {path}",
@@ -91,6 +99,101 @@ class Tracing:
     def shutdown(self) -> None:
         """Flush and stop (blocking: the OTLP exporter may send; run it off the event loop)."""
         self.provider.shutdown()
+
+
+class Trace(Protocol):
+    """One request's spans: :class:`RequestTrace`, or :data:`NULL_TRACE` with tracing off.
+
+    The request path calls the named methods below with positional arguments (and computes no
+    attribute for them), so that with tracing off each costs one call to a method that does nothing.
+    """
+
+    def start(self, name: str, *, client: bool = False, **attributes: Any) -> Any: ...
+
+    def end(self, span: Any, error: str | None = None, **attributes: Any) -> None: ...
+
+    def headers(self, span: Any) -> dict[str, str] | None: ...
+
+    def set(self, **attributes: Any) -> None: ...
+
+    def finish(self, outcome: str) -> None: ...
+
+    def begin_step(self, name: str) -> Any:
+        """A child span with no attributes yet (authenticate, route)."""
+        ...
+
+    def authenticated(self, span: Any, tenant: str) -> None: ...
+
+    def described(self, tenant: str, model: str, stream: bool, info: RequestInfo) -> None:
+        """The request's own attributes on its root span, once it is described."""
+        ...
+
+    def begin_admission(self, priority: PriorityClass) -> Any: ...
+
+    def admitted(self, span: Any, started_s: float) -> None: ...
+
+    def routed(self, span: Any, instance: str, reason: str) -> None: ...
+
+    def begin_attempt(self, instance: str, number: int, kind: AttemptKind, tokens_in: int) -> Any: ...
+
+    def end_attempt(
+        self, span: Any, error: str | None, result: str, tokens_out: int, cost_usd: float
+    ) -> None: ...
+
+    def refused(self, status: int) -> None: ...
+
+
+class NullTrace:
+    """The trace of a request when tracing is off: every method does nothing."""
+
+    __slots__ = ()
+
+    def start(self, name: str, *, client: bool = False, **attributes: Any) -> Any:
+        return None
+
+    def end(self, span: Any, error: str | None = None, **attributes: Any) -> None:
+        pass
+
+    def headers(self, span: Any) -> dict[str, str] | None:
+        return None
+
+    def set(self, **attributes: Any) -> None:
+        pass
+
+    def finish(self, outcome: str) -> None:
+        pass
+
+    def begin_step(self, name: str) -> Any:
+        return None
+
+    def authenticated(self, span: Any, tenant: str) -> None:
+        pass
+
+    def described(self, tenant: str, model: str, stream: bool, info: RequestInfo) -> None:
+        pass
+
+    def begin_admission(self, priority: PriorityClass) -> Any:
+        return None
+
+    def admitted(self, span: Any, started_s: float) -> None:
+        pass
+
+    def routed(self, span: Any, instance: str, reason: str) -> None:
+        pass
+
+    def begin_attempt(self, instance: str, number: int, kind: AttemptKind, tokens_in: int) -> Any:
+        return None
+
+    def end_attempt(
+        self, span: Any, error: str | None, result: str, tokens_out: int, cost_usd: float
+    ) -> None:
+        pass
+
+    def refused(self, status: int) -> None:
+        pass
+
+
+NULL_TRACE = NullTrace()
 
 
 class RequestTrace:
@@ -135,6 +238,58 @@ class RequestTrace:
         for k, v in attributes.items():
             if v is not None:
                 self.root.set_attribute(k.replace("__", "."), v)
+
+    # -- the request path's named calls (see Trace) ------------------------------------------
+    def begin_step(self, name: str) -> Span:
+        return self.start(name)
+
+    def authenticated(self, span: Span, tenant: str) -> None:
+        self.end(span, tokenplane__tenant=tenant)
+
+    def described(self, tenant: str, model: str, stream: bool, info: RequestInfo) -> None:
+        wf = info.workflow
+        self.set(
+            tokenplane__tenant=tenant,
+            tokenplane__model=model,
+            tokenplane__stream=stream,
+            tokenplane__request_id=info.request_id,
+            tokenplane__workflow__id=wf.workflow_id if wf is not None else None,
+            tokenplane__workflow__step=wf.step if wf is not None else None,
+            tokenplane__tokens__prompt=info.prompt_tokens,
+        )
+
+    def begin_admission(self, priority: PriorityClass) -> Span:
+        return self.start("tokenplane.admission", tokenplane__priority=priority.label)
+
+    def admitted(self, span: Span, started_s: float) -> None:
+        self.end(span, tokenplane__queue_wait_s=time.monotonic() - started_s)
+
+    def routed(self, span: Span, instance: str, reason: str) -> None:
+        self.end(span, tokenplane__instance=instance, tokenplane__route__reason=reason)
+
+    def begin_attempt(self, instance: str, number: int, kind: AttemptKind, tokens_in: int) -> Span:
+        return self.start(
+            "tokenplane.continuation" if kind is AttemptKind.CONTINUATION else "tokenplane.upstream",
+            client=True,
+            tokenplane__instance=instance,
+            tokenplane__attempt__number=number,
+            tokenplane__attempt__kind=kind.value,
+            tokenplane__tokens__prompt=tokens_in,
+        )
+
+    def end_attempt(
+        self, span: Span, error: str | None, result: str, tokens_out: int, cost_usd: float
+    ) -> None:
+        self.end(
+            span,
+            error=error,
+            tokenplane__attempt__result=result,
+            tokenplane__tokens__output=tokens_out,
+            tokenplane__cost_usd=cost_usd,
+        )
+
+    def refused(self, status: int) -> None:
+        self.set(http__response__status_code=status)
 
     def finish(self, outcome: str) -> None:
         """End the request's span (and any child an exception left open) with the request's outcome."""

@@ -11,7 +11,7 @@ connection starts on :class:`FrontProtocol`. A request in the simple, common sha
 * a head of ``CRLF``-terminated lines, under :data:`MAX_HEAD_BYTES`, with token header names and no
   folded lines;
 
-goes straight to :meth:`Gateway.completions` as a :class:`FastRequest`, and its answer is written
+goes straight to the request pipeline as a :class:`FastRequest`, and its answer is written
 to the transport here. At the first request that is not in that shape (a scrape of ``/metrics``, a
 chunked body, HTTP/1.0, a malformed head, a body over the limit), the connection is handed to
 aiohttp's own protocol with every byte not yet consumed, and stays there: aiohttp's parser, routes
@@ -29,14 +29,21 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
-from collections.abc import Awaitable, Callable, Iterable
-from email.utils import formatdate
-from http import HTTPStatus
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from tokenplane.gateway.edges.fast_request import (
+    ANSWERED,
+    WRITE_HIGH_WATER_BYTES,
+    ExtraHeaders,
+    FastRequest,
+    _no_extra,
+    drain,
+    serialize,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,221 +52,8 @@ MAX_HEAD_BYTES = 16 * 1024
 KEEPALIVE_TIMEOUT_S = 75.0
 """An idle keep-alive connection is closed after this long (aiohttp's default)."""
 SWEEP_INTERVAL_S = 5.0
-SERVER_HEADER = "tokenplane"
-WRITE_HIGH_WATER_BYTES = 1 << 16
-"""Unsent bytes to a client above which a stream waits for the client to read (back-pressure)."""
-DRAIN_POLL_S = 0.005
 
 Handler = Callable[[Any, Any], Awaitable[web.StreamResponse]]
-
-_REASONS = {s.value: s.phrase for s in HTTPStatus}
-
-
-class _Date:
-    """The ``Date`` header, formatted once a second."""
-
-    __slots__ = ("_second", "_value")
-
-    def __init__(self) -> None:
-        self._second = -1
-        self._value = b""
-
-    def get(self) -> bytes:
-        now = int(time.time())
-        if now != self._second:
-            self._second = now
-            self._value = formatdate(now, usegmt=True).encode("ascii")
-        return self._value
-
-
-_date = _Date()
-
-
-ExtraHeaders = Callable[["FastRequest"], "dict[str, str] | None"]
-"""Headers an answer gets from its request's values (the fast front's counterpart of an aiohttp
-``on_response_prepare`` signal): the server's one rule, applied by every way an answer goes out."""
-
-
-def _no_extra(_request: FastRequest) -> dict[str, str] | None:
-    return None
-
-
-class FastRequest:
-    """What the completion handler reads of a request: headers, method, path, the whole body,
-    and the transport its answer goes to. Like an aiohttp request, it also holds per-request
-    values under keys (``request[KEY] = value``)."""
-
-    __slots__ = (
-        "_values",
-        "body",
-        "done",
-        "extra_headers",
-        "headers",
-        "keep_alive",
-        "method",
-        "path",
-        "started",
-        "transport",
-    )
-
-    def __init__(
-        self,
-        method: str,
-        path: str,
-        headers: CIMultiDictProxy[str],
-        body: bytes,
-        transport: asyncio.Transport,
-        extra_headers: ExtraHeaders = _no_extra,
-    ) -> None:
-        self.method = method
-        self.path = path
-        self.headers = headers
-        self.body = body
-        self.transport = transport
-        self.extra_headers = extra_headers
-        conn = headers.get("Connection")
-        self.keep_alive = conn is None or "close" not in (t.strip() for t in conn.lower().split(","))
-        self.started = False  # the answer's head has been written
-        self.done = False  # and all of it
-        self._values: dict[Any, Any] = {}
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self._values[key] = value
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        return self._values.get(key, default)
-
-    def send(self, resp: web.Response) -> bool:
-        """Write a whole answer (see :func:`serialize`); ``False`` if the client had already gone."""
-        if self.transport.is_closing():
-            return False
-        self.transport.write(serialize(resp, self, self.extra_headers(self)))
-        self.started = self.done = True
-        return True
-
-    def send_json(self, body: bytes) -> bool:
-        """Write a 200 JSON answer of ``body`` with no ``web.Response`` made for it (an instance's
-        answer relayed as it came); ``False`` if the client had already gone."""
-        if self.transport.is_closing():
-            return False
-        self.transport.write(_message(200, _JSON_HEADERS, self.extra_headers(self), self.keep_alive, body))
-        self.started = self.done = True
-        return True
-
-
-AnyRequest = web.Request | FastRequest
-"""What the completion handler is given: an aiohttp request, or the fast front's."""
-
-
-async def drain(t: asyncio.Transport) -> None:
-    """Wait while more than :data:`WRITE_HIGH_WATER_BYTES` to the client are unsent; a client
-    that closed meanwhile is a ``ConnectionResetError``."""
-    while t.get_write_buffer_size() > WRITE_HIGH_WATER_BYTES:
-        if t.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        await asyncio.sleep(DRAIN_POLL_S)
-
-
-_SKIP = frozenset(("content-length", "transfer-encoding", "connection", "date", "server"))
-
-
-def _head(status: int, headers: Iterable[tuple[str, str]], extra: dict[str, str] | None) -> bytes:
-    """The status line, ``headers`` and ``extra``, and Server, each line ending in CRLF."""
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}"]
-    lines.extend(f"{k}: {v}" for k, v in headers if k.lower() not in _SKIP)
-    if extra:
-        lines.extend(f"{k}: {v}" for k, v in extra.items())
-    lines.append(f"Server: {SERVER_HEADER}")
-    return ("\r\n".join(lines) + "\r\n").encode("latin-1")
-
-
-_HEADS: dict[tuple[Any, ...], bytes] = {}
-_MAX_HEADS = 256  # answers' heads repeat (status, content type, Retry-After): a few dozen kinds
-_JSON_HEADERS = (("Content-Type", "application/json"),)
-
-ANSWERED = web.Response()
-"""What the completion handler returns for an answer :meth:`FastRequest.send_json` already wrote:
-a placeholder nothing reads (the front sees the request started and sends nothing more)."""
-
-
-def _message(
-    status: int,
-    items: tuple[tuple[str, str], ...],
-    extra: dict[str, str] | None,
-    keep_alive: bool,
-    body: bytes | bytearray,
-) -> bytes:
-    """A whole answer as HTTP/1.1 bytes. The head is built once per kind of answer (status and
-    headers) and kept; Date, Connection and Content-Length are added."""
-    key = (status, items, tuple(extra.items()) if extra else None)
-    head = _HEADS.get(key)
-    if head is None:
-        if len(_HEADS) >= _MAX_HEADS:
-            _HEADS.clear()
-        head = _HEADS[key] = _head(status, items, extra)
-    close = b"" if keep_alive else b"Connection: close\r\n"
-    return b"%sDate: %s\r\n%sContent-Length: %d\r\n\r\n%s" % (head, _date.get(), close, len(body), body)
-
-
-def serialize(resp: web.Response, request: FastRequest, extra: dict[str, str] | None = None) -> bytes:
-    """An aiohttp ``web.Response`` with a bytes body, as HTTP/1.1 bytes (see :func:`_message`)."""
-    body = resp.body
-    if body is None:
-        body = b""
-    if not isinstance(body, bytes | bytearray):
-        raise TypeError(f"the fast front sends bytes bodies only, not {type(body).__name__}")
-    return _message(resp.status, tuple(resp.headers.items()), extra, request.keep_alive, body)
-
-
-class FastStream(web.StreamResponse):
-    """A chunked response (an SSE stream) written by the fast front: the head is made on
-    ``prepare`` and goes out with the first chunk (one write, as aiohttp does), each ``write`` is one
-    chunk, ``write_eof`` the last. Back-pressure as the relay's: above the transport's high-water
-    mark, wait for the client."""
-
-    def __init__(self, request: FastRequest, headers: dict[str, str]) -> None:
-        super().__init__(headers=headers)
-        self.headers["Transfer-Encoding"] = "chunked"
-        self._request = request
-        self._extra = request.extra_headers(request)
-        self._head = b""
-        self._ended = False
-
-    async def prepare(self, request: Any) -> None:
-        r = self._request
-        if r.started:
-            return
-        if r.transport.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        close = b"" if r.keep_alive else b"Connection: close\r\n"
-        head = _head(self.status, self.headers.items(), self._extra)
-        self._head = b"%sTransfer-Encoding: chunked\r\nDate: %s\r\n%s\r\n" % (head, _date.get(), close)
-        r.started = True  # committed: no other answer can follow
-
-    async def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not data:
-            return
-        await self.prepare(self._request)
-        t = self._request.transport
-        if t.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        t.write(b"%s%x\r\n%s\r\n" % (self._head, len(data), bytes(data)))
-        self._head = b""
-        await drain(t)
-
-    async def write_eof(self, data: bytes = b"") -> None:
-        if self._ended:
-            return
-        if data:
-            await self.write(data)
-        await self.prepare(self._request)
-        self._ended = True
-        t = self._request.transport
-        if not t.is_closing():
-            t.write(self._head + b"0\r\n\r\n")
-            self._head = b""
-            self._request.done = True
-
 
 _HEAD = re.compile(
     rb"POST (/v1/chat/completions|/v1/completions) HTTP/1\.1"
@@ -359,12 +153,12 @@ class FrontProtocol(asyncio.Protocol):
         t = request.transport
         try:
             out = await self.front.handler(request, endpoint)
-            if isinstance(out, FastStream):
-                await out.write_eof()  # what aiohttp does with a returned stream
+            if request.streaming:
+                request.end_now()  # what aiohttp does with a returned stream
             elif not request.started and not t.is_closing():
                 if not isinstance(out, web.Response):
                     raise TypeError(f"an unsent {type(out).__name__} from the completion handler")
-                request.send(out)
+                request.send_now(out)
         except asyncio.CancelledError:
             return
         except Exception:  # the handler maps its own errors; this is a bug, and the answer is lost
@@ -450,10 +244,8 @@ class FastFront:
 __all__ = [
     "ANSWERED",
     "WRITE_HIGH_WATER_BYTES",
-    "AnyRequest",
     "FastFront",
     "FastRequest",
-    "FastStream",
     "FrontProtocol",
     "drain",
     "serialize",

@@ -1,0 +1,27 @@
+"""Authenticate: ``Authorization: Bearer`` → tenant. First, before the body is read: it needs only
+a header, and an unauthenticated caller then costs (and learns) nothing more (401)."""
+
+from __future__ import annotations
+
+from tokenplane.gateway.stages.context import RequestContext
+from tokenplane.gateway.tenants import Authenticator
+
+
+class Authenticate:
+    __slots__ = ("auth",)
+
+    def __init__(self, auth: Authenticator) -> None:
+        self.auth = auth
+
+    def enter(self, ctx: RequestContext) -> None:
+        trace = ctx.trace
+        span = trace.begin_step("tokenplane.authenticate")
+        tenant = self.auth.authenticate(ctx.client.headers.get("Authorization"))
+        ctx.caller = tenant
+        ctx.tenant = tenant.name
+        trace.authenticated(span, tenant.name)
+
+    cleans_up = False
+
+    def exit(self, ctx: RequestContext) -> None:
+        pass
