@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -99,6 +100,8 @@ class Gateway:
                 LoadShedder.from_params(config.admission.shedding),
                 self._capacity_of(m.name),
                 adm_metrics,
+                views=functools.partial(self.pool.views, m.name),
+                predictor=self.pool.ttft(m.name).predictor,
             )
         self._avoid_move_delay(config)
         self._housekeeping: asyncio.Task[None] | None = None
@@ -223,9 +226,8 @@ class Gateway:
 
     def forget_instance(self, instance_id: str, model: str | None = None) -> None:
         for m in self.catalog.models:
-            forget = getattr(m.router, "forget", None)
-            if forget is not None and (model is None or m.name == model):
-                forget(instance_id)
+            if model is None or m.name == model:
+                m.router.forget(instance_id)
 
     @property
     def upstream_client(self) -> UpstreamClient | None:

@@ -93,6 +93,7 @@ class Attempts:
         started = time.monotonic()
         tokens = info.prompt_tokens + info.max_output_tokens
         model.router.on_routed(info, upstream.id, now=started)
+        waiting_ahead = int(upstream.metrics.waiting)  # the instance's queue as this request joins it
         upstream.begin(tokens)
         ex.upstream = upstream
         self.resilience.on_attempt(upstream.id, started)
@@ -152,6 +153,8 @@ class Attempts:
             end = await splicer.relay(resp, ex, upstream)
             delivered = end.tokens
             latency = end.latency_s
+            if latency is not None and end.tokens > 0:
+                upstream.observe_ttft(latency, waiting_ahead)  # feeds the pool's TTFT predictor
             if end.failure is not None:
                 result = AttemptResult.FAILED_MID_STREAM
                 failure = end.failure
