@@ -121,20 +121,23 @@ async def test_the_gateway_sheds_a_request_whose_predicted_ttft_is_over_its_budg
     upstreams: Any, gateway: Any
 ) -> None:
     """Through the gateway: the interactive class's TTFT budget is 0.2 s; a prompt of ~5,000 tokens
-    is predicted at ~0.5 s of prefill alone (the core's default 10k tokens/s), so it is shed before
-    any instance spends work on it, with a 503 naming the prediction; a short prompt goes through."""
+    is predicted at ~0.5 s of prefill alone (the core's default 10k tokens/s), so once the pool has
+    observed a TTFT it is shed before any instance spends work on it, with a 503 naming the
+    prediction; before that first observation nothing is predicted and it goes through."""
     ups = await upstreams(1)
     gw = await gateway(ups, admission={"queue": {"budget_s": {"interactive": 0.2}}})
     short = {"model": "llama-3-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    status, body, _ = await gw.post("/v1/chat/completions", short)
-    assert status == 200, body
     long = {**short, "messages": [{"role": "user", "content": "word " * 4000}]}
+    status, body, _ = await gw.post("/v1/chat/completions", long)
+    assert status == 200, body  # nothing predicted before the pool's first observed TTFT
+    status, body, _ = await gw.post("/v1/chat/completions", {**short, "stream": True})
+    assert status == 200 and b"[DONE]" in body, body  # a stream's first token: a TTFT observed
     status, err, _ = await gw.post("/v1/chat/completions", long)
     assert status == 503, err
     assert err["error"]["code"] == "shed"
     message = err["error"]["message"]
     assert "ttft_over_budget" in message and "predicted time to first token" in message, message
     assert "over the request's latency budget of 0.2 s" in message, message
-    assert len(ups[0].requests) == 1  # the shed request never reached the instance
+    assert len(ups[0].requests) == 2  # the shed request never reached the instance
     metrics = await gw.get("/metrics")
     assert 'tokenplane_shed_total{reason="ttft_over_budget"} 1.0' in metrics

@@ -17,8 +17,9 @@ predicted TTFT > deadline``, the work would be spent on an answer that comes too
 deadline is the queue's (arrival plus the request's latency budget, ``RequestInfo.latency_budget_s``
 where set, else its class's ``budget_s``: a time-to-first-token budget). A queued request's load
 signal carries the same prediction. Without views and predictor (the default) nothing is
-predicted, as before. An infinite prediction (no usable instance) sheds nothing here: routing
-answers that with its own error.
+predicted, as before; the gateway's up-front check waits for the pool's first observed TTFT
+(``predicting``), so a pool that has served no stream builds no views for it. An infinite
+prediction (no usable instance) sheds nothing here: routing answers that with its own error.
 
 Refusals are errors (rendered at the edge, with ``Retry-After``): 429 when the tenant is over its
 own share (``TENANT_QUEUE_FULL``, or it expired while held by its in-flight limit), 503 when the
@@ -116,6 +117,7 @@ class PoolAdmission:
         *,
         views: Callable[[], Sequence[InstanceView]] | None = None,
         predictor: TtftPredictor | None = None,
+        predicting: Callable[[], bool] | None = None,
     ) -> None:
         self.model = model
         self.queue = queue
@@ -124,6 +126,9 @@ class PoolAdmission:
         self._metrics = metrics
         self._views = views
         self.predictor = predictor
+        # Whether the predictor has data yet (the gateway's: a TTFT observed in this pool); until
+        # then the up-front check is skipped, and the views are not built for it on every request.
+        self._predicting = predicting
         """The pool's TTFT model; with ``views``, admission predicts TTFT (see the module docstring)."""
         self.in_flight = 0
         self._waiters: dict[str, asyncio.Future[None]] = {}
@@ -141,7 +146,11 @@ class PoolAdmission:
         """Wait until the request may go; returns its deadline. Raises a :class:`Refused`.
         ``capacity``: :meth:`capacity` as the caller just read it (saves summing it again)."""
         queue = self.queue
-        if self.predictor is not None and self._views is not None:
+        if (
+            self.predictor is not None
+            and self._views is not None
+            and (self._predicting is None or self._predicting())
+        ):
             self._shed_if_too_late(info, priority, now)
         total = self._capacity() if capacity is None else capacity
         free = total - self.in_flight

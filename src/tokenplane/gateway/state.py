@@ -102,6 +102,7 @@ class Gateway:
                 adm_metrics,
                 views=functools.partial(self.pool.views, m.name),
                 predictor=self.pool.ttft(m.name).predictor,
+                predicting=self.pool.ttft(m.name).has_observed,
             )
         self._avoid_move_delay(config)
         self._housekeeping: asyncio.Task[None] | None = None

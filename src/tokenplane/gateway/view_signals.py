@@ -58,6 +58,9 @@ class PoolTtft:
             self.mean_prefill_s = mean
             self.version += 1
 
+    def has_observed(self) -> bool:
+        return self.observed > 0
+
     def for_waiting(self, waiting: int) -> float:
         return (max(0, waiting) + 1) * self.mean_prefill_s
 
