@@ -8,6 +8,7 @@ import pytest
 
 from tokenplane.gateway.config import ConfigError, InstanceKind, parse_config
 from tokenplane.gateway.continuation import can_continue, continuation_body
+from tokenplane.gateway.request import ParsedRequest
 from tokenplane.gateway.runtimes import DEFAULT_RUNTIME, RUNTIMES, RuntimeMetrics, runtime_for
 from tokenplane.gateway.runtimes.base import Capabilities, Runtime
 
@@ -81,12 +82,10 @@ def test_an_adapter_is_checked_when_built() -> None:
         Runtime("x", metric_names={}, capabilities=Capabilities(can_continue_chat=True))
 
 
-class _Parsed:
-    """The two fields of a ParsedRequest that continuation reads."""
-
-    def __init__(self, endpoint: str, body: dict[str, Any]) -> None:
-        self.endpoint = endpoint
-        self.body = body
+def _parsed(endpoint: str, body: dict[str, Any]) -> ParsedRequest:
+    """A real ParsedRequest (the compiled build checks the type) with the two fields continuation
+    reads; the rest are placeholders it never looks at."""
+    return ParsedRequest(endpoint, body, "m", True, "", 0, None)  # type: ignore[arg-type]
 
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "min_tokens": 4}
@@ -130,14 +129,14 @@ def test_continuation_request_per_runtime(
     kind: str, endpoint: str, body: dict[str, Any], expected: dict[str, Any] | None
 ) -> None:
     runtime = runtime_for(kind)
-    parsed = _Parsed(endpoint, body)
+    parsed = _parsed(endpoint, body)
     assert runtime.continuation(endpoint, body, "Hello th", 3) == expected
-    assert can_continue(parsed, [runtime]) is (expected is not None)  # type: ignore[arg-type]
+    assert can_continue(parsed, [runtime]) is (expected is not None)
     if expected is not None:
-        assert continuation_body(parsed, "Hello th", 3, runtime) == expected  # type: ignore[arg-type]
+        assert continuation_body(parsed, "Hello th", 3, runtime) == expected
     else:
         with pytest.raises(ValueError, match="cannot continue"):
-            continuation_body(parsed, "Hello th", 3, runtime)  # type: ignore[arg-type]
+            continuation_body(parsed, "Hello th", 3, runtime)
 
 
 def test_a_client_prefill_is_extended_not_repeated() -> None:
@@ -164,11 +163,11 @@ def test_what_no_runtime_continues(endpoint: str, body: dict[str, Any]) -> None:
 
 
 def test_the_default_continuation_is_vllms_as_before() -> None:
-    parsed = _Parsed("chat", CHAT)
-    assert can_continue(parsed)  # type: ignore[arg-type]
-    assert continuation_body(parsed, "Hello th", 3) == VLLM_CHAT  # type: ignore[arg-type]
+    parsed = _parsed("chat", CHAT)
+    assert can_continue(parsed)
+    assert continuation_body(parsed, "Hello th", 3) == VLLM_CHAT
     # A mixed pool continues only what every runtime in it continues.
-    assert not can_continue(parsed, [runtime_for("vllm"), runtime_for("llamacpp")])  # type: ignore[arg-type]
+    assert not can_continue(parsed, [runtime_for("vllm"), runtime_for("llamacpp")])
 
 
 def _config(**instance: Any) -> dict[str, Any]:
