@@ -179,8 +179,8 @@ def _prompt(prompt: Any) -> tuple[str, int, list[int] | None]:
     )
 
 
-def parse_request(raw: bytes, endpoint: Endpoint, limits: LimitsConfig) -> ParsedRequest:
-    """Decode and validate a body; raises an :class:`InvalidRequest` subclass naming the parameter."""
+def _object_naming_a_model(raw: bytes) -> tuple[dict[str, Any], str]:
+    """The body as a JSON object and the non-empty ``model`` it names, or the precise error."""
     if not raw:
         raise MalformedJSON("the request body is empty; expected a JSON object")
     try:
@@ -194,6 +194,12 @@ def parse_request(raw: bytes, endpoint: Endpoint, limits: LimitsConfig) -> Parse
         raise InvalidParameter("'model' is required", param="model", code="missing_required_parameter")
     if type(model) is not str or not model:
         raise _bad("model", "a non-empty string", model)
+    return body, model
+
+
+def parse_request(raw: bytes, endpoint: Endpoint, limits: LimitsConfig) -> ParsedRequest:
+    """Decode and validate a body; raises an :class:`InvalidRequest` subclass naming the parameter."""
+    body, model = _object_naming_a_model(raw)
     checks = _CHECKS
     for name, v in body.items():  # a body names a few of the checked parameters: walk the body
         if v is not None and (check := checks.get(name)) is not None:
@@ -237,19 +243,7 @@ def parse_other(raw: bytes, limits: LimitsConfig) -> ParsedRequest:
     """A body for another ``/v1/*`` route (embeddings, rerank, score...): a JSON object naming its
     ``model``; the rest is the runtime's to judge. Its prompt is not hashed (no prefix routing);
     its tokens are estimated from a text ``input`` for accounting."""
-    if not raw:
-        raise MalformedJSON("the request body is empty; expected a JSON object")
-    try:
-        body = _decode(raw)
-    except msgspec.DecodeError as exc:
-        raise MalformedJSON(f"the request body is not valid JSON: {exc}") from None
-    if type(body) is not dict:
-        raise MalformedJSON(f"the request body must be a JSON object, got {_type_name(body)}")
-    model = body.get("model")
-    if model is None:
-        raise InvalidParameter("'model' is required", param="model", code="missing_required_parameter")
-    if type(model) is not str or not model:
-        raise _bad("model", "a non-empty string", model)
+    body, model = _object_naming_a_model(raw)
     given = body.get("input")
     texts = [given] if type(given) is str else given if type(given) is list else []
     tokens = sum(approx_tokens(t) for t in texts if type(t) is str)
