@@ -20,7 +20,14 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "tokenplane-dashboard.json"
+DASHBOARD = (
+    Path(__file__).resolve().parents[1]
+    / "deploy"
+    / "kubernetes"
+    / "base"
+    / "grafana"
+    / "tokenplane-dashboard.json"
+)
 
 #: Read by the dashboard, not exported by the gateway yet (planned in issue 6, item 4): none left.
 PLANNED: frozenset[str] = frozenset()

@@ -36,6 +36,7 @@ bad router fails at start with the field's path. Every component receives only i
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import re
 from collections.abc import Mapping
@@ -49,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tokenplane.control.config import AutoscalingConfig
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.routing import build_router
+from tokenplane.gateway.config_env import expand_env
 from tokenplane.gateway.resilience_config import AdmissionParams, BreakerParams, RetryConfig
 from tokenplane.ledger.store import DEFAULT_MAX_SETTLED
 
@@ -379,7 +381,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> GatewayConfig:
 
 
 def load_config(path: str | Path) -> GatewayConfig:
-    """Read and validate a YAML file."""
+    """Read a YAML file, fill ``${NAME}`` from the environment (:mod:`.config_env`), validate it."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -389,4 +391,7 @@ def load_config(path: str | Path) -> GatewayConfig:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    raw, unset = expand_env(raw, os.environ)
+    if unset:
+        raise ConfigError(f"{p}: environment variables not set:\n  " + "\n  ".join(unset))
     return parse_config(raw, source=str(p))
