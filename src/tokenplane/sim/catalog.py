@@ -577,11 +577,12 @@ class Catalog:
         An entry whose name matches a known GPU/model (aliases included) overrides only the fields
         it gives; a new name must give every required field. A GPU entry with ``replace: true`` is
         defined from its own figures only (a known GPU's calibrated efficiencies are then not
-        inherited: they default to the documented means). A model entry with ``hf_config: PATH``
-        (a Hugging Face config.json; relative to ``base_dir``, default the working directory) or
-        ``config: {...}`` (the same fields inline) takes its whole shape from that config (see
-        :mod:`tokenplane.sim.hf_config`); other fields it gives (``aliases``, ``params_b``...)
-        are applied on top. Raises :class:`CatalogError` naming the offending field.
+        inherited: they default to the documented means; its name and aliases are kept). A model
+        entry with ``hf_config: PATH`` (a Hugging Face config.json; relative to ``base_dir``,
+        default the working directory) or ``config: {...}`` (the same fields inline) takes its
+        whole shape from that config (see :mod:`tokenplane.sim.hf_config`; a known model's name
+        and aliases are kept); other fields it gives (``aliases``, ``params_b``...) are applied on
+        top. Raises :class:`CatalogError` naming the offending field.
         """
         try:
             cfg = CatalogConfig.model_validate(mapping)
@@ -600,6 +601,8 @@ class Catalog:
                 if not replace:
                     base = dataclasses.asdict(existing)
                     base.pop("name")
+                else:  # its own figures only; the known names still lead to it
+                    base = {"aliases": existing.aliases}
                 gpus.pop(existing.name)
             try:
                 gc = GpuConfig.model_validate({**base, **fields})
@@ -616,6 +619,8 @@ class Catalog:
                 if hf is None:
                     base = dataclasses.asdict(existing_m)
                     base.pop("name")
+                else:  # a whole new shape; the known names still lead to it
+                    base = {"aliases": existing_m.aliases}
                 models.pop(existing_m.name)
             try:
                 mc = ModelConfig.model_validate({**base, **(hf or {}), **fields})
