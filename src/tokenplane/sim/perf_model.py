@@ -98,7 +98,8 @@ def expected_distinct_experts(num_tokens: float, experts: int, k: int) -> float:
         return 0.0
     if k >= experts:
         return float(experts)
-    return experts * (1.0 - (1.0 - k / experts) ** num_tokens)
+    miss: float = (1.0 - k / experts) ** num_tokens
+    return experts * (1.0 - miss)
 
 
 class StepTimeModel:
