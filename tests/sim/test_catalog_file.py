@@ -209,16 +209,23 @@ RTX4090_DATASHEET = (  # 24 GB GDDR6X, 1008 GB/s, 165.2 dense BF16 TFLOPS (Ada w
 
 
 @pytest.mark.traces
-def test_shared_vllm_runs_with_a_config_json_model_and_datasheet_gpus(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["written-here", "example"])
+def test_shared_vllm_runs_with_a_config_json_model_and_datasheet_gpus(tmp_path: Path, source: str) -> None:
     folder = traces_dir()
     if folder is None or not (folder / "vllm-measurements").is_dir():
         pytest.skip(
             f"public traces with vllm-measurements/ not found: set {ENV_VAR} or provide ../shared/traces"
         )
     runs = sorted(p for p in (folder / "vllm-measurements").iterdir() if p.is_dir())
-    catalogue = _catalogue(
-        tmp_path, gpus=RTXPRO6000_DATASHEET + RTX4090_DATASHEET, model_name="meta-llama/Llama-3.1-8B"
-    )
+    if source == "example":
+        catalogue = EXAMPLES / "catalog-datasheet.yaml"
+    else:
+        catalogue = _catalogue(
+            tmp_path, gpus=RTXPRO6000_DATASHEET + RTX4090_DATASHEET, model_name="meta-llama/Llama-3.1-8B"
+        )
+    cat = Catalog.from_yaml(catalogue)
+    assert cat.gpu("rtxpro6000").mem_efficiency == DEFAULT_MEM_EFFICIENCY  # datasheet + documented means
+    assert cat.model("meta-llama/Llama-3.1-8B").params_b == pytest.approx(8.03, rel=1e-3)
     args = ["validate", "--catalog", str(catalogue), "--json"]
     for run in runs:
         args += ["--measurements", str(run)]
