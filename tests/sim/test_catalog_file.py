@@ -21,6 +21,7 @@ from tokenplane.sim.catalog import (
     CatalogError,
 )
 from tokenplane.sim.perf_model import StepTimeModel
+from tokenplane.sim.scenario import load_scenario
 from tokenplane.sim.workloads.traces import ENV_VAR, traces_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,11 +130,16 @@ def test_simulate_runs_the_moe_example_with_its_catalogue(tmp_path: Path) -> Non
     )
     assert result.exit_code == 0, result.output
     runs = json.loads((out / "report.json").read_text())["runs"]
-    assert set(runs) == {"mixtral-nvlink", "mixtral-pcie", "deepseek-v2-lite"}
+    assert set(runs) == {"mixtral-nvlink", "mixtral-pcie", "deepseek-v2-lite", "mixtral-tp4", "mixtral-ep4"}
     for name, run in runs.items():
         assert run["requests_completed"] == run["requests_total"] > 0, name
     # Same fleet and requests: the PCIe H100s (less bandwidth, all-reduces over PCIe) are slower.
     assert runs["mixtral-pcie"]["tpot_mean_s"] > runs["mixtral-nvlink"]["tpot_mean_s"]
+    # One Mixtral on 4 GPUs is faster per token than on 2 (TP2 above), with or without EP.
+    assert runs["mixtral-ep4"]["tpot_mean_s"] < runs["mixtral-nvlink"]["tpot_mean_s"]
+    assert runs["mixtral-tp4"]["tpot_mean_s"] < runs["mixtral-nvlink"]["tpot_mean_s"]
+    ep = load_scenario(EXAMPLES / "moe.yaml").runs[-1].fleet.resolved_groups()[0]
+    assert ep.expert_parallel and ep.tp == 4
     # Without the catalogue the models are unknown, and the error says so.
     bare = _invoke("simulate", str(EXAMPLES / "moe.yaml"), "--out", str(tmp_path / "o2"), "--no-progress")
     assert bare.exit_code == 2 and "unknown model 'mixtral-8x7b'" in bare.output

@@ -84,7 +84,7 @@ def simulate(
     for group in groups:
         gpu = catalog.gpu(group.gpu)
         model = catalog.model(group.model)
-        steps = StepTimeModel(gpu, model, group.tp)
+        steps = StepTimeModel(gpu, model, group.tp, expert_parallel=group.expert_parallel)
         cfg = engine_config(group, catalog)
         block_size = cfg.block_size
         price = group_price(group, catalog)

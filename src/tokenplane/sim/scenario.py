@@ -81,6 +81,7 @@ class FleetGroup(BaseModel):
     gpu: str = "H100"
     model: str = "llama-3-8b"
     tp: int = Field(1, gt=0)
+    expert_parallel: bool = False  # a MoE model's experts spread whole over the tp GPUs (all-to-all)
     price_per_hour: float | None = Field(None, ge=0)
     state: Literal["warm", "cold"] = "warm"
     engine: EngineSettings = Field(default_factory=lambda: EngineSettings())
@@ -101,6 +102,7 @@ class FleetSettings(BaseModel):
     gpu: str = "H100"
     model: str = "llama-3-8b"
     tp: int = Field(1, gt=0)
+    expert_parallel: bool = False  # a MoE model's experts spread whole over the tp GPUs (all-to-all)
     price_per_hour: float | None = Field(None, ge=0)
     state: Literal["warm", "cold"] = "warm"
     engine: EngineSettings = Field(default_factory=lambda: EngineSettings())
@@ -122,7 +124,7 @@ class FleetSettings(BaseModel):
                 filled.append(g)
                 continue
             g2 = dict(g)
-            for key in ("gpu", "model", "tp", "price_per_hour"):
+            for key in ("gpu", "model", "tp", "expert_parallel", "price_per_hour"):
                 if key not in g2 and key in raw:
                     g2[key] = raw[key]
             for key in ("engine", "lifecycle"):
@@ -164,6 +166,7 @@ class FleetSettings(BaseModel):
                 gpu=self.gpu,
                 model=self.model,
                 tp=self.tp,
+                expert_parallel=self.expert_parallel,
                 price_per_hour=self.price_per_hour,
                 state=self.state,
                 engine=self.engine,
