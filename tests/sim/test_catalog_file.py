@@ -243,3 +243,15 @@ def test_shared_vllm_runs_with_a_config_json_model_and_datasheet_gpus(tmp_path: 
         assert res["requests_completed"] == res["requests"], res["name"]
         assert abs(res["tpot_mean_rel_error"]) <= 0.05, (res["name"], res["tpot_mean_rel_error"])
         assert abs(res["ttft_mean_rel_error"]) <= 0.15, (res["name"], res["ttft_mean_rel_error"])
+
+
+def test_readme_catalogue_example_loads() -> None:
+    import re
+
+    import yaml
+
+    blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    (text,) = [b for b in blocks if "hf_config" in b]
+    cat = Catalog.default().with_overrides(yaml.safe_load(text), base_dir=EXAMPLES)
+    assert cat.model("mixtral-8x7b").experts == 8
+    assert cat.gpu("h100-pcie").interconnect == "pcie"
