@@ -255,3 +255,17 @@ def test_readme_catalogue_example_loads() -> None:
     cat = Catalog.default().with_overrides(yaml.safe_load(text), base_dir=EXAMPLES)
     assert cat.model("mixtral-8x7b").experts == 8
     assert cat.gpu("h100-pcie").interconnect == "pcie"
+
+
+def test_calibrate_fits_a_datasheet_gpu_on_a_users_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokenplane.sim.calibrate import main
+
+    folder = _measurement(tmp_path, "acme/Llama-Clone-8B", "Acme X1")
+    gpu = "  acme-x1:\n" + H100_DATASHEET.replace("    replace: true\n", "")
+    catalogue = _catalogue(tmp_path, gpus=gpu, model_name="acme/llama-clone-8b")
+    assert main(["--traces", str(tmp_path), "--engine-fit", str(folder), "--catalog", str(catalogue)]) == 0
+    out = capsys.readouterr().out
+    assert "best (mem_efficiency, compute_efficiency) for acmex1" in out
+    assert len([line for line in out.splitlines() if "TPOT" in line]) == 5
