@@ -43,7 +43,10 @@ ALLREDUCE_BUS_EFFICIENCY = 0.782  # fitted: 352 GB/s bus bandwidth on 900 GB/s N
 # Default fixed cost of one collective per interconnect kind (a GpuSpec's interconnect_latency_us
 # overrides it). NVLink: the fit above. PCIe: no PCIe collective is profiled in the shared data, so
 # the same fitted value is used (assumption: NCCL's small-message latency is mostly kernel launch
-# and protocol overhead, not the wire; a lower bound for PCIe, which crosses the host bridge).
+# and protocol overhead, not the wire; a lower bound for PCIe, which crosses the host bridge:
+# public nccl-tests reports on 8 PCIe RTX 3090/4090s, not used here since they are not in the
+# shared data, show 40-55 us for an 8-byte all-reduce, NVIDIA/nccl issues 1439 and 1530). A GPU
+# entry's interconnect_latency_us sets a measured value.
 INTERCONNECT_LATENCY_S = {"nvlink": ALLREDUCE_LATENCY_S, "pcie": ALLREDUCE_LATENCY_S}
 # All-to-all (expert-parallel dispatch/combine): no all-to-all profile is shared, so it is costed
 # with the all-reduce fit's latency and bus efficiency (assumption: NCCL's all-to-all reaches the
