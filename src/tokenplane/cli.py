@@ -103,10 +103,13 @@ def simulate(
     from tokenplane.sim.workloads.traces import TraceNotFound
 
     try:
+        base = _catalog(catalog_file)
         if scenario is None:
-            sc = parse_scenario(yaml.safe_load(default_scenario_text()), source="<embedded default>")
+            sc = parse_scenario(
+                yaml.safe_load(default_scenario_text()), source="<embedded default>", catalog=base
+            )
         else:
-            sc = load_scenario(scenario)
+            sc = load_scenario(scenario, catalog=base)
         if run:
             unknown = set(run) - {r.name for r in sc.runs}
             if unknown:
@@ -114,7 +117,7 @@ def simulate(
             sc = sc.model_copy(update={"runs": [r for r in sc.runs if r.name in run]})
         if policy:
             sc = with_policy(sc, policy)
-    except ScenarioError as exc:
+    except (ScenarioError, CatalogError) as exc:
         _fail(str(exc))
         return
     if out.exists() and not out.is_dir():
@@ -136,7 +139,7 @@ def simulate(
         return bar.update
 
     try:
-        outcomes = run_scenario(sc, traces=traces, progress=make_progress, catalog=_catalog(catalog_file))
+        outcomes = run_scenario(sc, traces=traces, progress=make_progress, catalog=base)
     except (InvalidPolicyConfig, UnknownHardware, CatalogError, TraceNotFound, ValueError) as exc:
         _fail(str(exc))
         return

@@ -269,3 +269,27 @@ def test_calibrate_fits_a_datasheet_gpu_on_a_users_run(
     out = capsys.readouterr().out
     assert "best (mem_efficiency, compute_efficiency) for acmex1" in out
     assert len([line for line in out.splitlines() if "TPOT" in line]) == 5
+
+
+def test_an_autoscaled_scenario_on_a_catalogue_model_is_checked_with_the_catalogue(tmp_path: Path) -> None:
+    scenario = _write(
+        tmp_path / "as.yaml",
+        "name: as\nrouter: least-requests\nfleet: {instances: 2, gpu: H100, model: my-llama}\n"
+        "workload: {type: synthetic, rate_rps: 2, num_requests: 40}\n"
+        "autoscaler: {name: static, params: {instances: 1}, pool: {capacity_rps: 4, min_instances: 1}}\n",
+    )
+    bare = _invoke("simulate", str(scenario), "--out", str(tmp_path / "o1"), "--no-progress", "--no-plots")
+    assert bare.exit_code == 2 and "unknown model 'my-llama'" in bare.output  # an error, not a crash
+    result = _invoke(
+        "simulate",
+        str(scenario),
+        "--catalog",
+        str(_catalogue(tmp_path)),
+        "--out",
+        str(tmp_path / "o2"),
+        "--no-progress",
+        "--no-plots",
+    )
+    assert result.exit_code == 0, result.output
+    run = json.loads((tmp_path / "o2" / "report.json").read_text())["runs"]["least-requests"]
+    assert run["requests_completed"] == 40 and run["model"] == "my-llama"
