@@ -101,6 +101,23 @@ DEEPSEEK_V2_LITE: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 
+DEEPSEEK_V3: dict[str, Any] = {  # q_lora_rank set, 3 dense layers, 256 routed experts + 1 shared
+    **DEEPSEEK_V2_LITE,
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "q_lora_rank": 1536,
+    "vocab_size": 129280,
+}
+
 
 def _spec(cfg: dict[str, Any], name: str = "m") -> ModelSpec:
     return ModelSpec(name=name, **model_fields(cfg))
@@ -129,8 +146,16 @@ def test_llama_config_matches_the_builtin_entry() -> None:
         (MIXTRAL_8X7B, 46.70, 12.88, 2 * 32 * 8 * 128 * 2),  # 46.7 B total, 12.9 B active
         (QWEN15_MOE_A27B, 14.32, 2.69, 2 * 24 * 16 * 128 * 2),  # 14.3 B total, 2.7 B active
         (DEEPSEEK_V2_LITE, 15.71, 2.66, 27 * (512 + 64) * 2),  # 15.7 B total; MLA latent 576 values
+        (DEEPSEEK_V3, 671.0, 37.55, 61 * (512 + 64) * 2),  # 671 B total, 37 B active
     ],
-    ids=["qwen2.5-0.5b", "mistral-nemo", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite"],
+    ids=[
+        "qwen2.5-0.5b",
+        "mistral-nemo",
+        "mixtral-8x7b",
+        "qwen1.5-moe-a2.7b",
+        "deepseek-v2-lite",
+        "deepseek-v3",
+    ],
 )
 def test_param_counts_and_kv_size_match_the_model_cards(
     cfg: dict[str, Any], params_b: float, active_b: float, kv_bytes: int
