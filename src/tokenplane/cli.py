@@ -25,6 +25,18 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+CATALOG_HELP = (
+    "Catalogue YAML (gpus:/models:, a model may be a Hugging Face config.json) added to the built-in one."
+)
+
+
+def _catalog(path: Path | None) -> Any:
+    """The built-in catalogue, with ``path``'s entries merged in when given."""
+    from tokenplane.sim.catalog import Catalog
+
+    return Catalog.default() if path is None else Catalog.from_yaml(path)
+
+
 def default_scenario_text() -> str:
     return resources.files("tokenplane").joinpath("data/default-scenario.yaml").read_text()
 
@@ -78,6 +90,7 @@ def simulate(
     ] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
     progress: Annotated[bool | None, typer.Option(help="Show a progress bar (default: on a TTY).")] = None,
+    catalog_file: Annotated[Path | None, typer.Option("--catalog", help=CATALOG_HELP)] = None,
 ) -> None:
     """Simulate a scenario in virtual time and write DIR/report.json, plots and a summary table."""
     from tokenplane.core.errors import InvalidPolicyConfig
@@ -90,10 +103,13 @@ def simulate(
     from tokenplane.sim.workloads.traces import TraceNotFound
 
     try:
+        base = _catalog(catalog_file)
         if scenario is None:
-            sc = parse_scenario(yaml.safe_load(default_scenario_text()), source="<embedded default>")
+            sc = parse_scenario(
+                yaml.safe_load(default_scenario_text()), source="<embedded default>", catalog=base
+            )
         else:
-            sc = load_scenario(scenario)
+            sc = load_scenario(scenario, catalog=base)
         if run:
             unknown = set(run) - {r.name for r in sc.runs}
             if unknown:
@@ -101,7 +117,7 @@ def simulate(
             sc = sc.model_copy(update={"runs": [r for r in sc.runs if r.name in run]})
         if policy:
             sc = with_policy(sc, policy)
-    except ScenarioError as exc:
+    except (ScenarioError, CatalogError) as exc:
         _fail(str(exc))
         return
     if out.exists() and not out.is_dir():
@@ -123,7 +139,7 @@ def simulate(
         return bar.update
 
     try:
-        outcomes = run_scenario(sc, traces=traces, progress=make_progress)
+        outcomes = run_scenario(sc, traces=traces, progress=make_progress, catalog=base)
     except (InvalidPolicyConfig, UnknownHardware, CatalogError, TraceNotFound, ValueError) as exc:
         _fail(str(exc))
         return
@@ -153,13 +169,15 @@ def validate(
     ] = None,
     traces: Annotated[Path | None, typer.Option("--traces", help="Public traces folder.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    catalog_file: Annotated[Path | None, typer.Option("--catalog", help=CATALOG_HELP)] = None,
 ) -> None:
     """Replay real vLLM runs in the twin and compare simulated with measured TTFT and TPOT."""
+    from tokenplane.sim.catalog import CatalogError
     from tokenplane.sim.validation import ValidationError, print_validation, validate_runs
 
     try:
-        results = validate_runs(measurements, traces=traces)
-    except ValidationError as exc:
+        results = validate_runs(measurements, traces=traces, catalog=_catalog(catalog_file))
+    except (ValidationError, CatalogError) as exc:
         _fail(str(exc))
         return
     if as_json:
@@ -189,14 +207,15 @@ def plan(
     spec: Annotated[Path, typer.Argument(help="Capacity-planning spec YAML.")],
     out: Annotated[Path, typer.Option("--out", help="Folder for plan.json and plan.png.")] = Path("out/plan"),
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    catalog_file: Annotated[Path | None, typer.Option("--catalog", help=CATALOG_HELP)] = None,
 ) -> None:
     """Find the cheapest fleet that meets the SLOs for an agentic demand, with the twin."""
     from tokenplane.planning import load_plan_spec
     from tokenplane.planning import plan as run_plan
-    from tokenplane.sim.catalog import Catalog, CatalogError, UnknownHardware
+    from tokenplane.sim.catalog import CatalogError, UnknownHardware
 
     try:
-        result = run_plan(load_plan_spec(spec), catalog=Catalog.default(), out_dir=out)
+        result = run_plan(load_plan_spec(spec), catalog=_catalog(catalog_file), out_dir=out)
     except (ValueError, UnknownHardware, CatalogError) as exc:
         _fail(str(exc))
         return

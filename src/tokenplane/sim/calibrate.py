@@ -12,6 +12,12 @@ all-reduce latency and bus efficiency, and prints the fitted values with the rel
 the catalogue's current constants. Copy the printed values into :mod:`tokenplane.sim.catalog`
 and :mod:`tokenplane.sim.perf_model`.
 
+``--engine-fit DIR [--catalog FILE]`` instead grid-fits one GPU's memory and compute efficiencies
+to a real vLLM run (for a GPU with no operator profile, such as one given by datasheet figures).
+The mixture-of-experts and expert-parallel terms have no shared profile to fit: the step-time
+model derives them from shapes and the fitted dense and all-reduce constants (see
+:mod:`tokenplane.sim.perf_model`).
+
 Pure standard library (a small Nelder-Mead): no numpy needed.
 """
 
@@ -356,9 +362,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="a vLLM measurement folder: grid-fit its GPU's efficiencies to it (repeatable)",
     )
+    ap.add_argument(
+        "--catalog",
+        type=Path,
+        help="catalogue YAML (a GPU by datasheet figures, a model by config.json) for --engine-fit",
+    )
     args = ap.parse_args(argv)
+    base = Catalog.from_yaml(args.catalog) if args.catalog else None
     for folder in args.engine_fit:
-        print(fit_engine(folder))
+        print(fit_engine(folder, base))
     if args.engine_fit:
         return 0
     if not (args.traces / "gpu-profiles").is_dir():

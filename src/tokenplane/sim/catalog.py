@@ -33,10 +33,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 GIB = 1024**3
 
@@ -92,6 +92,8 @@ class GpuSpec:
 
     ``interconnect_gbps`` is the total (bidirectional) GPU-to-GPU bandwidth: NVLink where present,
     otherwise the PCIe slot; ``None`` means unknown (TP is then costed at PCIe 4.0 x16).
+    ``interconnect`` names the link kind and ``interconnect_latency_us`` the fixed cost of one
+    collective on it (``None``: see :func:`tokenplane.sim.perf_model.collective_latency_s`).
     """
 
     name: str
@@ -100,6 +102,8 @@ class GpuSpec:
     bf16_tflops: float
     price_per_hour: float
     interconnect_gbps: float | None = None
+    interconnect: str = "pcie"  # "nvlink" or "pcie": the link tensor/expert-parallel traffic crosses
+    interconnect_latency_us: float | None = None  # per collective; None: the kind's default
     mem_efficiency: float = DEFAULT_MEM_EFFICIENCY
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
@@ -122,7 +126,18 @@ class GpuSpec:
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """A dense decoder-only transformer (Llama-style: GQA attention, gated MLP, RMSNorm)."""
+    """A decoder-only transformer: Llama-style (GQA attention, gated MLP, RMSNorm), optionally with
+    mixture-of-experts layers and multi-head latent attention (MLA).
+
+    Dense models leave the MoE and MLA fields at 0. A MoE model has ``moe_layers`` layers whose MLP
+    is ``experts`` routed experts (gated MLPs of width ``expert_intermediate``), of which each token
+    uses ``experts_per_token``, plus an always-active shared expert of total width
+    ``shared_intermediate`` (0: none); its other ``layers - moe_layers`` layers have a dense MLP of
+    width ``intermediate``. ``attn_params`` (0: computed from the GQA shape) overrides one layer's
+    attention projection weights, and ``kv_dim`` (0: ``2 x kv_heads x head_dim``) the values cached
+    per token and layer; MLA caches ``kv_lora_rank + qk_rope_head_dim`` values per token and layer,
+    the same latent on every tensor-parallel rank (``kv_heads`` is then 1).
+    """
 
     name: str
     params_b: float
@@ -136,25 +151,81 @@ class ModelSpec:
     dtype_bytes: int = 2
     tie_embeddings: bool = False
     aliases: tuple[str, ...] = field(default=())
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
+    moe_layers: int = 0
+    attn_params: int = 0
+    kv_dim: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0 and self.moe_layers > 0
 
     @property
     def weight_bytes(self) -> float:
-        """All weights as stored (embedding and LM head included)."""
+        """All weights as stored (embedding and LM head included; every expert)."""
         return self.params_b * 1e9 * self.dtype_bytes
 
     @property
-    def kv_bytes_per_token(self) -> int:
-        """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x dtype_bytes."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+    def kv_values_per_layer(self) -> int:
+        """Values cached per token and layer: K and V of each KV head, or MLA's latent."""
+        return self.kv_dim or 2 * self.kv_heads * self.head_dim
 
     @property
-    def layer_matmul_params(self) -> int:
-        """Weights of one block's GEMMs: q, k, v, o projections and the gated MLP."""
+    def kv_bytes_per_token(self) -> int:
+        """KV cache of every layer for one token: 2 x layers x kv_heads x head_dim x dtype_bytes
+        (layers x kv_dim x dtype_bytes for MLA)."""
+        return self.layers * self.kv_values_per_layer * self.dtype_bytes
+
+    @property
+    def attn_matmul_params(self) -> int:
+        """Weights of one block's attention projections (q, k, v, o for GQA)."""
+        if self.attn_params:
+            return self.attn_params
         q = self.hidden * self.heads * self.head_dim
         kv = 2 * self.hidden * self.kv_heads * self.head_dim
         o = self.heads * self.head_dim * self.hidden
-        mlp = 3 * self.hidden * self.intermediate
-        return q + kv + o + mlp
+        return q + kv + o
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers if self.is_moe else self.layers
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one routed expert (gate, up and down projections)."""
+        return 3 * self.hidden * self.expert_intermediate
+
+    @property
+    def shared_matmul_params(self) -> int:
+        """Weights every step reads whatever the routing: attention of every layer, the dense
+        layers' MLPs, and the MoE layers' shared expert and router."""
+        dense_mlp = 3 * self.hidden * self.intermediate
+        out = self.layers * self.attn_matmul_params + self.dense_layers * dense_mlp
+        if self.is_moe:
+            out += self.moe_layers * (3 * self.hidden * self.shared_intermediate + self.hidden * self.experts)
+        return out
+
+    @property
+    def expert_matmul_params(self) -> int:
+        """All routed experts' weights (0 for a dense model)."""
+        return self.moe_layers * self.experts * self.expert_params if self.is_moe else 0
+
+    @property
+    def active_matmul_params(self) -> int:
+        """Block GEMM weights one token goes through: shared weights plus its routed experts."""
+        routed = self.moe_layers * self.experts_per_token * self.expert_params if self.is_moe else 0
+        return self.shared_matmul_params + routed
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights of one dense block's GEMMs: q, k, v, o projections and the gated MLP (for a MoE
+        model, the per-layer mean of the active weights)."""
+        if self.is_moe:
+            return self.active_matmul_params // self.layers
+        return self.attn_matmul_params + 3 * self.hidden * self.intermediate
 
     @property
     def lm_head_params(self) -> int:
@@ -162,8 +233,9 @@ class ModelSpec:
 
     @property
     def flops_per_token(self) -> float:
-        """Non-attention forward FLOPs of one token through every block and the LM head (≈ 2 x params)."""
-        return 2.0 * (self.layers * self.layer_matmul_params + self.lm_head_params)
+        """Non-attention forward FLOPs of one token through every block and the LM head
+        (≈ 2 x active params)."""
+        return 2.0 * (self.active_matmul_params + self.lm_head_params)
 
     @property
     def attn_flops_per_pair(self) -> float:
@@ -181,6 +253,7 @@ _BUILTIN_GPUS: tuple[GpuSpec, ...] = (
         bf16_tflops=989,
         price_per_hour=2.99,  # Lambda on-demand H100 SXM, 2025 (assumption)
         interconnect_gbps=900,  # NVLink 4
+        interconnect="nvlink",
         mem_efficiency=H100_MEM_EFFICIENCY,
         compute_efficiency=H100_COMPUTE_EFFICIENCY,
         step_overhead_s=H100_STEP_OVERHEAD_S,
@@ -195,6 +268,7 @@ _BUILTIN_GPUS: tuple[GpuSpec, ...] = (
         bf16_tflops=989,
         price_per_hour=3.79,  # typical neo-cloud on-demand H200 SXM, 2025 (assumption)
         interconnect_gbps=900,
+        interconnect="nvlink",
         mem_efficiency=H100_MEM_EFFICIENCY,  # same Hopper SM: H100 fit reused
         compute_efficiency=H100_COMPUTE_EFFICIENCY,
         step_overhead_s=H100_STEP_OVERHEAD_S,
@@ -209,6 +283,7 @@ _BUILTIN_GPUS: tuple[GpuSpec, ...] = (
         bf16_tflops=312,
         price_per_hour=1.79,  # Lambda on-demand A100 80GB SXM, 2025 (assumption)
         interconnect_gbps=600,  # NVLink 3
+        interconnect="nvlink",
         mem_efficiency=A100_MEM_EFFICIENCY,
         compute_efficiency=A100_COMPUTE_EFFICIENCY,
         step_overhead_s=A100_STEP_OVERHEAD_S,
@@ -385,6 +460,8 @@ class GpuConfig(BaseModel):
     bf16_tflops: float = Field(gt=0)
     price_per_hour: float = Field(ge=0)
     interconnect_gbps: float | None = Field(default=None, gt=0)
+    interconnect: Literal["nvlink", "pcie"] = "pcie"
+    interconnect_latency_us: float | None = Field(default=None, gt=0)
     mem_efficiency: float = Field(default=DEFAULT_MEM_EFFICIENCY, gt=0, le=1)
     compute_efficiency: float = Field(default=DEFAULT_COMPUTE_EFFICIENCY, gt=0, le=1)
     step_overhead_s: float = Field(default=DEFAULT_STEP_OVERHEAD_S, ge=0)
@@ -409,6 +486,24 @@ class ModelConfig(BaseModel):
     dtype_bytes: int = Field(default=2, gt=0)
     tie_embeddings: bool = False
     aliases: tuple[str, ...] = ()
+    experts: int = Field(default=0, ge=0)
+    experts_per_token: int = Field(default=0, ge=0)
+    expert_intermediate: int = Field(default=0, ge=0)
+    shared_intermediate: int = Field(default=0, ge=0)
+    moe_layers: int = Field(default=0, ge=0)
+    attn_params: int = Field(default=0, ge=0)
+    kv_dim: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _check_moe(self) -> ModelConfig:
+        if self.experts or self.moe_layers:
+            if not 0 < self.moe_layers <= self.layers:
+                raise ValueError(f"moe_layers must be in 1..layers ({self.layers}) for a MoE model")
+            if not 0 < self.experts_per_token <= self.experts:
+                raise ValueError(f"experts_per_token must be in 1..experts ({self.experts})")
+            if self.expert_intermediate <= 0:
+                raise ValueError("expert_intermediate must be > 0 for a MoE model")
+        return self
 
 
 class CatalogConfig(BaseModel):
@@ -426,6 +521,30 @@ def _format_validation_error(prefix: str, err: ValidationError) -> str:
         loc = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
         parts.append(f"{loc}: {e['msg']}")
     return "invalid catalogue entry: " + "; ".join(parts)
+
+
+def _hf_fields(where: str, fields: dict[str, Any], base_dir: str | Path | None) -> dict[str, Any] | None:
+    """Pop ``hf_config``/``config`` from a model entry and return the shape they give (or None)."""
+    from tokenplane.sim.hf_config import HfConfigError, load_hf_config, model_fields
+
+    path = fields.pop("hf_config", None)
+    inline = fields.pop("config", None)
+    if path is None and inline is None:
+        return None
+    if path is not None and inline is not None:
+        raise CatalogError(f"invalid catalogue entry: {where}: give hf_config or config, not both")
+    try:
+        if path is not None:
+            if not isinstance(path, str):
+                raise HfConfigError("hf_config must be a path to a config.json")
+            file = Path(path)
+            if not file.is_absolute() and base_dir is not None:
+                file = Path(base_dir) / file
+            return model_fields(load_hf_config(file))
+        return model_fields(inline)
+    except HfConfigError as e:
+        key = "hf_config" if path is not None else "config"
+        raise CatalogError(f"invalid catalogue entry: {where}.{key}: {e}") from e
 
 
 class Catalog:
@@ -452,12 +571,18 @@ class Catalog:
     def default(cls) -> Catalog:
         return cls(_BUILTIN_GPUS, _BUILTIN_MODELS)
 
-    def with_overrides(self, mapping: Mapping[str, Any]) -> Catalog:
+    def with_overrides(self, mapping: Mapping[str, Any], *, base_dir: str | Path | None = None) -> Catalog:
         """A new catalogue with ``mapping['gpus']`` / ``mapping['models']`` added or merged in.
 
         An entry whose name matches a known GPU/model (aliases included) overrides only the fields
-        it gives; a new name must give every required field. Raises :class:`CatalogError` naming
-        the offending field.
+        it gives; a new name must give every required field. A GPU entry with ``replace: true`` is
+        defined from its own figures only (a known GPU's calibrated efficiencies are then not
+        inherited: they default to the documented means; its name and aliases are kept). A model
+        entry with ``hf_config: PATH`` (a Hugging Face config.json; relative to ``base_dir``,
+        default the working directory) or ``config: {...}`` (the same fields inline) takes its
+        whole shape from that config (see :mod:`tokenplane.sim.hf_config`; a known model's name
+        and aliases are kept); other fields it gives (``aliases``, ``params_b``...) are applied on
+        top. Raises :class:`CatalogError` naming the offending field.
         """
         try:
             cfg = CatalogConfig.model_validate(mapping)
@@ -465,28 +590,40 @@ class Catalog:
             raise CatalogError(_format_validation_error("", e)) from e
         gpus = dict(self._gpus)
         models = dict(self._models)
-        for name, fields in cfg.gpus.items():
+        for name, raw in cfg.gpus.items():
+            fields = dict(raw or {})
+            replace = fields.pop("replace", False)
+            if not isinstance(replace, bool):
+                raise CatalogError(f"invalid catalogue entry: gpus.{name}.replace: must be true or false")
             existing = self._find_gpu(name)
             base: dict[str, Any] = {}
             if existing is not None:
-                base = dataclasses.asdict(existing)
-                base.pop("name")
+                if not replace:
+                    base = dataclasses.asdict(existing)
+                    base.pop("name")
+                else:  # its own figures only; the known names still lead to it
+                    base = {"aliases": existing.aliases}
                 gpus.pop(existing.name)
             try:
-                gc = GpuConfig.model_validate({**base, **(fields or {})})
+                gc = GpuConfig.model_validate({**base, **fields})
             except ValidationError as e:
                 raise CatalogError(_format_validation_error(f"gpus.{name}", e)) from e
             new_name = existing.name if existing is not None else _gpu_key(name)
             gpus[new_name] = GpuSpec(name=new_name, **gc.model_dump())
-        for name, fields in cfg.models.items():
+        for name, raw in cfg.models.items():
+            fields = dict(raw or {})
             existing_m = self._find_model(name)
             base = {}
+            hf = _hf_fields(f"models.{name}", fields, base_dir)
             if existing_m is not None:
-                base = dataclasses.asdict(existing_m)
-                base.pop("name")
+                if hf is None:
+                    base = dataclasses.asdict(existing_m)
+                    base.pop("name")
+                else:  # a whole new shape; the known names still lead to it
+                    base = {"aliases": existing_m.aliases}
                 models.pop(existing_m.name)
             try:
-                mc = ModelConfig.model_validate({**base, **(fields or {})})
+                mc = ModelConfig.model_validate({**base, **(hf or {}), **fields})
             except ValidationError as e:
                 raise CatalogError(_format_validation_error(f"models.{name}", e)) from e
             new_name = existing_m.name if existing_m is not None else _model_key(name)
@@ -506,7 +643,7 @@ class Catalog:
         if not isinstance(data, Mapping):
             raise CatalogError(f"catalogue file {p}: top level must be a mapping with gpus:/models:")
         try:
-            return (base or cls.default()).with_overrides(data)
+            return (base or cls.default()).with_overrides(data, base_dir=p.parent)
         except CatalogError as e:
             raise CatalogError(f"{p}: {e}") from e
 

@@ -84,7 +84,7 @@ def simulate(
     for group in groups:
         gpu = catalog.gpu(group.gpu)
         model = catalog.model(group.model)
-        steps = StepTimeModel(gpu, model, group.tp)
+        steps = StepTimeModel(gpu, model, group.tp, expert_parallel=group.expert_parallel)
         cfg = engine_config(group, catalog)
         block_size = cfg.block_size
         price = group_price(group, catalog)
@@ -217,8 +217,11 @@ def run_scenario(
     *,
     traces: str | Path | None = None,
     progress: Callable[[str], ProgressFn | None] | None = None,
+    catalog: Catalog | None = None,
 ) -> dict[str, RunOutcome]:
-    catalog = Catalog.default()
+    """Run every run of ``scenario``; ``catalog`` (default: the built-in one) is the base that the
+    scenario's own ``catalog:`` section is merged into."""
+    catalog = catalog or Catalog.default()
     if scenario.catalog:
         catalog = catalog.with_overrides(scenario.catalog)
     folder = traces_dir(traces or scenario.traces)

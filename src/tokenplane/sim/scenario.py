@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.routing import build_router
+from tokenplane.sim.catalog import Catalog, UnknownHardware
 from tokenplane.sim.faults import ClientSpec, ControlSpec, FaultSpec
 from tokenplane.sim.workloads.factory import WorkloadConfigError, check_workload_config
 
@@ -81,6 +82,7 @@ class FleetGroup(BaseModel):
     gpu: str = "H100"
     model: str = "llama-3-8b"
     tp: int = Field(1, gt=0)
+    expert_parallel: bool = False  # a MoE model's experts spread whole over the tp GPUs (all-to-all)
     price_per_hour: float | None = Field(None, ge=0)
     state: Literal["warm", "cold"] = "warm"
     engine: EngineSettings = Field(default_factory=lambda: EngineSettings())
@@ -101,6 +103,7 @@ class FleetSettings(BaseModel):
     gpu: str = "H100"
     model: str = "llama-3-8b"
     tp: int = Field(1, gt=0)
+    expert_parallel: bool = False  # a MoE model's experts spread whole over the tp GPUs (all-to-all)
     price_per_hour: float | None = Field(None, ge=0)
     state: Literal["warm", "cold"] = "warm"
     engine: EngineSettings = Field(default_factory=lambda: EngineSettings())
@@ -122,7 +125,7 @@ class FleetSettings(BaseModel):
                 filled.append(g)
                 continue
             g2 = dict(g)
-            for key in ("gpu", "model", "tp", "price_per_hour"):
+            for key in ("gpu", "model", "tp", "expert_parallel", "price_per_hour"):
                 if key not in g2 and key in raw:
                     g2[key] = raw[key]
             for key in ("engine", "lifecycle"):
@@ -164,6 +167,7 @@ class FleetSettings(BaseModel):
                 gpu=self.gpu,
                 model=self.model,
                 tp=self.tp,
+                expert_parallel=self.expert_parallel,
                 price_per_hour=self.price_per_hour,
                 state=self.state,
                 engine=self.engine,
@@ -335,7 +339,9 @@ def router_label(router: Any) -> str:
     return "router"
 
 
-def parse_scenario(raw: Any, *, source: str | None = None) -> Scenario:
+def parse_scenario(raw: Any, *, source: str | None = None, catalog: Catalog | None = None) -> Scenario:
+    """Validate a scenario mapping; ``catalog`` (default: the built-in one) is the base its
+    ``catalog:`` section extends when runs are checked at load."""
     where = source or "scenario"
     if not isinstance(raw, Mapping):
         raise ScenarioError(f"{where}: expected a mapping at the top level")
@@ -384,12 +390,12 @@ def parse_scenario(raw: Any, *, source: str | None = None) -> Scenario:
         try:
             build_router(merged["router"], random.Random(0))
             check_workload_config(merged["workload"])
-            _check_lifecycle(runs[-1], base.catalog)
+            _check_lifecycle(runs[-1], base.catalog, catalog)
             if runs[-1].admission is not None:
                 from tokenplane.sim.admission_shell import build_admission_policies
 
                 build_admission_policies(runs[-1].admission)
-        except (InvalidPolicyConfig, WorkloadConfigError, ValueError) as exc:
+        except (InvalidPolicyConfig, WorkloadConfigError, UnknownHardware, ValueError) as exc:
             raise ScenarioError(f"{label}: {exc}") from exc
     return Scenario(
         name=base.name,
@@ -401,7 +407,7 @@ def parse_scenario(raw: Any, *, source: str | None = None) -> Scenario:
     )
 
 
-def _check_lifecycle(run: RunSettings, catalog: Mapping[str, Any]) -> None:
+def _check_lifecycle(run: RunSettings, catalog: Mapping[str, Any], base: Catalog | None = None) -> None:
     """Build the autoscaler and its pool spec once (fails at load), and check engine kinds."""
     cold = any(g.state == "cold" for g in run.fleet.resolved_groups())
     if run.autoscaler is None and not cold:
@@ -410,15 +416,14 @@ def _check_lifecycle(run: RunSettings, catalog: Mapping[str, Any]) -> None:
         raise ValueError("autoscaling and cold instances need the continuous engine")
     if run.autoscaler is not None:
         from tokenplane.sim.autoscaling import build_scaler_and_pool
-        from tokenplane.sim.catalog import Catalog
 
-        cat = Catalog.default()
+        cat = base or Catalog.default()
         if catalog:
             cat = cat.with_overrides(catalog)
         build_scaler_and_pool(run, cat)
 
 
-def load_scenario(path: str | Path) -> Scenario:
+def load_scenario(path: str | Path, catalog: Catalog | None = None) -> Scenario:
     p = Path(path)
     try:
         raw = yaml.safe_load(p.read_text())
@@ -426,7 +431,7 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(f"{p}: cannot read: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{p}: invalid YAML: {exc}") from exc
-    return parse_scenario(raw, source=str(p))
+    return parse_scenario(raw, source=str(p), catalog=catalog)
 
 
 def with_policy(scenario: Scenario, policy: str) -> Scenario:

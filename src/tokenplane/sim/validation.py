@@ -181,7 +181,10 @@ def replay(m: Measurement, catalog: Catalog) -> list[RequestRecord]:
         catalog.gpu(m.gpu)
         catalog.model(m.model)
     except UnknownHardware as exc:
-        raise ValidationError(f"{m.name}: {exc}; add it to the catalogue") from exc
+        raise ValidationError(
+            f"{m.name}: {exc}; add it in a catalogue file passed with --catalog FILE "
+            "(a GPU by its datasheet figures, a model by its Hugging Face config.json)"
+        ) from exc
     run = RunSettings(
         name=m.name,
         seed=0,
