@@ -112,6 +112,10 @@ class PostgresLedger(BaseLedger):
             timeout=timeout_s,
             open=False,
             check=ConnectionPool.check_connection,
+            # The pool's own reconnection backs off without a cap (1 s, 2 s, 4 s...): after a long
+            # outage it could wait a minute past the server's return. Giving up after timeout_s
+            # instead lets the next batch's request for a connection start a fresh attempt at once.
+            reconnect_timeout=timeout_s,
             kwargs={"autocommit": True, "connect_timeout": max(1, round(timeout_s))},
             name="tokenplane-ledger",
         )
