@@ -1,0 +1,178 @@
+"""``tokenplane serve --workers N`` and gateway replicas on one PostgreSQL ledger, as real processes.
+
+The gateways are ``python -m tokenplane serve`` processes (the command a user runs) in front of the
+in-process fake upstreams; clients are the official ``openai`` client without keep-alive, so each
+request opens a connection and the kernel's SO_REUSEPORT spreading shows. Each worker names itself
+in its ``/metrics`` (``tokenplane_worker_info``), which is how a test tells where requests landed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx2
+import openai
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+
+from pg_support import database_url, fresh_database
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES = [{"role": "user", "content": "plan the next step of the task"}]
+_SERVING = re.compile(r"serving on (http://[^\s]+?)(?: with | \(|$)", re.M)
+
+
+@pytest.fixture(scope="module")
+def pg_ledger_url() -> Iterator[str]:
+    with fresh_database() as name:
+        yield database_url(name)
+
+
+class Serve:
+    """One ``tokenplane serve`` process (its own session: cleanup can stop its workers too)."""
+
+    def __init__(self, config: dict[str, Any], tmp: Path, name: str, *args: str) -> None:
+        cfg = tmp / f"{name}.yaml"
+        cfg.write_text(yaml.safe_dump(config))
+        self.log = tmp / f"{name}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenplane", "serve", str(cfg), "--port", "0", *args],
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.url = ""
+
+    async def ready(self, http: aiohttp.ClientSession, workers: int = 1, timeout_s: float = 90.0) -> str:
+        """Wait for the listening line, then for every worker to have said it serves."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            text = self.log.read_text(errors="replace")
+            m = _SERVING.search(text)
+            if m and (workers == 1 or text.count("(worker ") >= workers):
+                self.url = m.group(1)
+                break
+            assert self.proc.poll() is None, f"serve exited early:\n{text}"
+            assert loop.time() < deadline, f"serve not ready in {timeout_s} s:\n{text}"
+            await asyncio.sleep(0.1)
+        async with http.get(self.url + "/health") as resp:
+            assert resp.status == 200
+        return self.url
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture
+async def serve(tmp_path: Path, anyio_backend: str) -> AsyncIterator[Callable[..., Serve]]:
+    started: list[Serve] = []
+
+    def make(config: dict[str, Any], name: str, *args: str) -> Serve:
+        s = Serve(config, tmp_path, name, *args)
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        s.kill()
+
+
+def client(url: str, key: str) -> openai.AsyncOpenAI:
+    """The official client, one new connection per request."""
+    http = openai.DefaultAsyncHttpxClient(limits=httpx2.Limits(max_keepalive_connections=0))
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30, http_client=http)
+
+
+def wf(workflow_id: str, step: int, total: int = 3) -> dict[str, str]:
+    return {
+        "x-tokenplane-workflow-id": workflow_id,
+        "x-tokenplane-step": str(step),
+        "x-tokenplane-total-steps": str(total),
+    }
+
+
+async def scrape(http: aiohttp.ClientSession, url: str) -> tuple[str, dict[str, float]]:
+    """One ``/metrics`` on a new connection: (the worker's pid, samples summed by name)."""
+    async with http.get(url + "/metrics", headers={"Connection": "close"}) as resp:
+        text = await resp.text()
+    pid, sums = "", {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            sums[s.name] = sums.get(s.name, 0.0) + s.value
+            if s.name == "tokenplane_worker_info":
+                pid = s.labels["pid"]
+    return pid, sums
+
+
+async def workflow(http: aiohttp.ClientSession, url: str, key: str, wid: str, **kw: Any) -> tuple[int, Any]:
+    method = "POST" if "json" in kw else "GET"
+    path = f"/v1/workflows/{wid}" + ("/outcome" if method == "POST" else "")
+    headers = {"Authorization": f"Bearer {key}", "Connection": "close"}
+    async with http.request(method, url + path, headers=headers, **kw) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def test_two_workers_share_one_port_and_the_ledger_and_stop_on_sigterm(
+    upstreams, names, serve, pg_ledger_url
+) -> None:
+    ups = await upstreams(1)
+    gw = serve(names.gateway_config(ups, ledger={"url": pg_ledger_url}), "workers", "--workers", "2")
+    async with aiohttp.ClientSession() as http:
+        url = await gw.ready(http, workers=2)
+        c = client(url, names.KEY)
+        for step in (1, 2):  # one workflow's steps, each on whichever worker its connection reached
+            await c.chat.completions.create(
+                model=names.MODEL, messages=MESSAGES, max_tokens=8, extra_headers=wf("wf-w", step)
+            )
+        plain = 30
+        replies = await asyncio.gather(
+            *(
+                c.chat.completions.create(model=names.MODEL, messages=MESSAGES, max_tokens=8)
+                for _ in range(plain)
+            )
+        )
+        assert all(r.choices[0].message.content for r in replies)
+        await c.close()
+        requests: dict[str, float] = {}
+        for _ in range(60):  # scrapes on new connections until both workers answered
+            pid, sums = await scrape(http, url)
+            requests[pid] = sums.get("tokenplane_requests_total", 0.0)
+            if len(requests) == 2:
+                break
+        assert len(requests) == 2, f"every scrape reached one worker: {requests}"
+        assert all(n > 0 for n in requests.values()), requests  # both served completions
+        assert sum(requests.values()) == plain + 2
+        for _ in range(4):  # any worker reads the workflow the two wrote
+            for _ in range(100):
+                status, body = await workflow(http, url, names.KEY, "wf-w")
+                if status == 200 and body["attempts"] == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert status == 200 and body["attempts"] == 2 and body["max_step"] == 2
+    pids = [int(p) for p in requests]
+    assert gw.stop(signal.SIGTERM) == 0
+    text = gw.log.read_text()
+    assert text.count("shutting down (worker") == 2, text
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
