@@ -132,47 +132,82 @@ async def workflow(http: aiohttp.ClientSession, url: str, key: str, wid: str, **
         return resp.status, await resp.json(content_type=None)
 
 
-async def test_two_workers_share_one_port_and_the_ledger_and_stop_on_sigterm(
+async def test_workers_and_replicas_share_one_port_and_one_ledger(
     upstreams, names, serve, pg_ledger_url
 ) -> None:
+    """Replica A (``serve``) and replica B (``serve --workers 2``) on one PostgreSQL ledger: B's
+    workers both serve requests from one port; a workflow A started is read and settled through B,
+    and A sees B's outcome; B's parent stops on SIGINT, A on SIGTERM, both cleanly."""
     ups = await upstreams(1)
-    gw = serve(names.gateway_config(ups, ledger={"url": pg_ledger_url}), "workers", "--workers", "2")
+    config = names.gateway_config(ups, ledger={"url": pg_ledger_url})
+    a = serve(config, "replica-a")
+    b = serve(config, "replica-b", "--workers", "2")
     async with aiohttp.ClientSession() as http:
-        url = await gw.ready(http, workers=2)
-        c = client(url, names.KEY)
+        url_b = await b.ready(http, workers=2)
+        url_a = await a.ready(http)
+        ca, cb = client(url_a, names.KEY), client(url_b, names.KEY)
+
+        # -- B's two workers share its port: requests land on each ------------------------------
         for step in (1, 2):  # one workflow's steps, each on whichever worker its connection reached
-            await c.chat.completions.create(
+            await cb.chat.completions.create(
                 model=names.MODEL, messages=MESSAGES, max_tokens=8, extra_headers=wf("wf-w", step)
             )
         plain = 30
         replies = await asyncio.gather(
             *(
-                c.chat.completions.create(model=names.MODEL, messages=MESSAGES, max_tokens=8)
+                cb.chat.completions.create(model=names.MODEL, messages=MESSAGES, max_tokens=8)
                 for _ in range(plain)
             )
         )
         assert all(r.choices[0].message.content for r in replies)
-        await c.close()
         requests: dict[str, float] = {}
         for _ in range(60):  # scrapes on new connections until both workers answered
-            pid, sums = await scrape(http, url)
+            pid, sums = await scrape(http, url_b)
             requests[pid] = sums.get("tokenplane_requests_total", 0.0)
             if len(requests) == 2:
                 break
         assert len(requests) == 2, f"every scrape reached one worker: {requests}"
         assert all(n > 0 for n in requests.values()), requests  # both served completions
         assert sum(requests.values()) == plain + 2
-        for _ in range(4):  # any worker reads the workflow the two wrote
-            for _ in range(100):
-                status, body = await workflow(http, url, names.KEY, "wf-w")
-                if status == 200 and body["attempts"] == 2:
-                    break
-                await asyncio.sleep(0.05)
-            assert status == 200 and body["attempts"] == 2 and body["max_step"] == 2
+        for _ in range(4):  # any worker reads the workflow the two wrote (new connection each time)
+            status, body = await poll_workflow(http, url_b, names.KEY, "wf-w", attempts=2)
+            assert status == 200 and body["max_step"] == 2
+
+        # -- a workflow A started: B reads it and settles it, A sees the outcome ----------------
+        for step in (1, 2):
+            await ca.chat.completions.create(
+                model=names.MODEL, messages=MESSAGES, max_tokens=8, extra_headers=wf("wf-x", step)
+            )
+        status, body = await poll_workflow(http, url_b, names.KEY, "wf-x", attempts=2)
+        assert body["outcome"] == "open" and body["cost_usd"] > 0
+        status, body = await workflow(http, url_b, names.KEY, "wf-x", json={"outcome": "succeeded"})
+        assert status == 200 and body["outcome"] == "succeeded" and body["attempts"] == 2
+        status, body = await workflow(http, url_a, names.KEY, "wf-x")
+        assert status == 200 and body["outcome"] == "succeeded" and body["reason"] == "client"
+        status, body = await workflow(http, url_a, names.BATCH_KEY, "wf-x")
+        assert status == 404  # another tenant's, through any replica
+        _, sums = await scrape(http, url_a)
+        assert sums["tokenplane_ledger_available"] == 1 and sums["tokenplane_ledger_buffered_writes"] == 0
+        await ca.close()
+        await cb.close()
+
     pids = [int(p) for p in requests]
-    assert gw.stop(signal.SIGTERM) == 0
-    text = gw.log.read_text()
+    assert b.stop(signal.SIGINT) == 0
+    text = b.log.read_text()
     assert text.count("shutting down (worker") == 2, text
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+    assert a.stop(signal.SIGTERM) == 0
+
+
+async def poll_workflow(
+    http: aiohttp.ClientSession, url: str, key: str, wid: str, *, attempts: int
+) -> tuple[int, Any]:
+    """The workflow once it shows ``attempts`` (a replica's attempts commit a moment after its answer)."""
+    for _ in range(200):
+        status, body = await workflow(http, url, key, wid)
+        if status == 200 and body["attempts"] == attempts:
+            return status, body
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{wid}: {status} {body}")
