@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
-from pg_support import database_url, fresh_database, in_schema  # noqa: E402
+from pg_support import database_url, fresh_database, in_schema
 
 
 @pytest.fixture(scope="module")

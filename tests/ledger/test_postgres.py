@@ -22,8 +22,8 @@ from tokenplane.ledger.store import LedgerWrite
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
-from pg_support import in_schema  # noqa: E402
-from tcp_proxy import TcpProxy  # noqa: E402
+from pg_support import in_schema
+from tcp_proxy import TcpProxy
 
 FIELDS: dict[str, Any] = dict(
     tenant="acme",
@@ -191,8 +191,9 @@ def test_a_full_buffer_drops_and_counts(pg_url: str, proxy: TcpProxy) -> None:
         errors: list[BaseException | None] = []
         proxy.cut()
         for i in range(25):
-            ledger.record_attempt_nowait(lambda w, s, e: errors.append(e), request_id=f"r{i}", workflow_id=None,
-                                         t=float(i), **FIELDS)  # fmt: skip
+            ledger.record_attempt_nowait(
+                lambda w, s, e: errors.append(e), request_id=f"r{i}", workflow_id=None, t=float(i), **FIELDS
+            )
         assert ledger.dropped == 5 and ledger.buffered == 20
         assert len(errors) == 5 and all(isinstance(e, LedgerBufferFull) for e in errors)
         await asyncio.sleep(0.3)
@@ -277,3 +278,28 @@ def test_schema_per_url(pg_database: str) -> None:
     assert two.get_workflow("w", "acme") is None
     one.close()
     two.close()
+
+
+def test_after_an_outage_with_nothing_queued_the_next_call_tries_the_database(
+    pg_url: str, proxy: TcpProxy
+) -> None:
+    """An awaited write that failed leaves nothing queued: once the database is back, the next
+    read or write goes to it (no error remembered from the outage)."""
+    store = PostgresLedger(via(pg_url, proxy), timeout_s=1.0)
+
+    async def main() -> None:
+        ledger = AsyncLedger(store, retry_max_s=0.1)
+        await ledger.record_attempt(request_id="r1", workflow_id="w", t=1.0, step=1, total_steps=3, **FIELDS)
+        proxy.cut()
+        with pytest.raises(LedgerUnavailable):
+            await ledger.record_outcome("w", "acme", "succeeded", 2.0)
+        assert ledger.unavailable is not None
+        proxy.restore()
+        await ledger.flush()
+        w = await ledger.get_workflow("w", "acme")
+        assert w is not None and w.outcome is TaskOutcome.OPEN  # the failed outcome was not written
+        w = await ledger.record_outcome("w", "acme", "succeeded", 3.0)
+        assert w.outcome is TaskOutcome.SUCCEEDED and ledger.unavailable is None
+        await ledger.aclose()
+
+    asyncio.run(main())

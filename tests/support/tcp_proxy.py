@@ -43,6 +43,7 @@ class TcpProxy:
 
     def close(self) -> None:
         self._call(self._cut())
+        self._call(asyncio.sleep(0.05))  # the forwarding tasks see their connections closed and end
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()

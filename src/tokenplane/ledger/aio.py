@@ -130,8 +130,14 @@ class AsyncLedger:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
 
+    def _retrying(self) -> bool:
+        """Whether queued writes are being tried again against an unreachable store right now
+        (then reads and awaited writes fail at once; otherwise they try the store themselves)."""
+        flusher = self._flusher
+        return self.unavailable is not None and flusher is not None and not flusher.done()
+
     async def _submit(self, write: LedgerWrite) -> WorkflowSummary:
-        if self.unavailable is not None:
+        if self._retrying():
             raise LedgerUnavailable(f"the ledger is unreachable: {self.unavailable}")
         fut: asyncio.Future[WorkflowSummary] = asyncio.get_running_loop().create_future()
         self._enqueue(write, fut)
@@ -202,8 +208,6 @@ class AsyncLedger:
             if self.unavailable is not None:
                 raise LedgerUnavailable(f"the ledger is unreachable: {self.unavailable}")
             await asyncio.wait({flusher}, timeout=0.1)
-        if self.unavailable is not None:
-            raise LedgerUnavailable(f"the ledger is unreachable: {self.unavailable}")
 
     # -- writes ------------------------------------------------------------------------------------
     async def record_attempt(self, **fields: Any) -> WorkflowSummary:
