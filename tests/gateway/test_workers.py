@@ -137,7 +137,8 @@ async def test_workers_and_replicas_share_one_port_and_one_ledger(
 ) -> None:
     """Replica A (``serve``) and replica B (``serve --workers 2``) on one PostgreSQL ledger: B's
     workers both serve requests from one port; a workflow A started is read and settled through B,
-    and A sees B's outcome; B's parent stops on SIGINT, A on SIGTERM, both cleanly."""
+    and A sees B's outcome; a worker killed is started again; B's parent stops on SIGINT, A on
+    SIGTERM, both cleanly."""
     ups = await upstreams(1)
     config = names.gateway_config(ups, ledger={"url": pg_ledger_url})
     a = serve(config, "replica-a")
@@ -191,10 +192,21 @@ async def test_workers_and_replicas_share_one_port_and_one_ledger(
         await ca.close()
         await cb.close()
 
-    pids = [int(p) for p in requests]
+        # -- a worker that dies is started again by its parent ----------------------------------
+        pids = [int(p) for p in requests]
+        os.kill(pids[0], signal.SIGKILL)
+        for _ in range(1200):
+            text = b.log.read_text()
+            if "starting it again" in text and text.count("(worker ") >= 3:
+                break
+            await asyncio.sleep(0.05)
+        assert text.count("(worker ") >= 3, text
+        seen = {(await scrape(http, url_b))[0] for _ in range(30)}
+        assert str(pids[0]) not in seen and str(pids[1]) in seen
+
     assert b.stop(signal.SIGINT) == 0
     text = b.log.read_text()
-    assert text.count("shutting down (worker") == 2, text
+    assert text.count("shutting down (worker") == 2, text  # the survivor and the new worker
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
