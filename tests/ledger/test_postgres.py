@@ -303,3 +303,31 @@ def test_after_an_outage_with_nothing_queued_the_next_call_tries_the_database(
         await ledger.aclose()
 
     asyncio.run(main())
+
+
+class MeetingReads:
+    """The real store, whose ``get_workflow`` waits until a second read has started too."""
+
+    def __init__(self, inner: PostgresLedger) -> None:
+        self.inner = inner
+        self.barrier = threading.Barrier(2, timeout=10)
+
+    def get_workflow(self, workflow_id: str, tenant: str) -> Any:
+        self.barrier.wait()  # BrokenBarrierError if the reads ran one after the other
+        return self.inner.get_workflow(workflow_id, tenant)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_reads_are_served_at_once_on_the_pool(pg_url: str) -> None:
+    store = MeetingReads(PostgresLedger(pg_url, pool_max_size=3))
+
+    async def main() -> None:
+        ledger = AsyncLedger(store)  # type: ignore[arg-type]
+        await ledger.record_attempt(request_id="r1", workflow_id="w", t=1.0, **FIELDS)
+        a, b = await asyncio.gather(ledger.get_workflow("w", "acme"), ledger.get_workflow("w", "acme"))
+        assert a == b and a is not None and a.attempts == 1
+        await ledger.aclose()
+
+    asyncio.run(main())

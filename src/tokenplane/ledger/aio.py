@@ -13,7 +13,9 @@ no I/O) runs on the loop instead, batched the same way: a thread hop per batch w
 than the write itself.
 
 Reads wait for the writes submitted before them (read-your-writes) and then run on the same
-worker thread. A failed batch fails every write in it with the store's exception, except when the
+worker thread, or, for a store with a connection pool (``read_threads`` > 0:
+:class:`~tokenplane.ledger.postgres.PostgresLedger`), on that many threads of their own, so that
+several clients' reads are served at once. A failed batch fails every write in it with the store's exception, except when the
 store is unreachable (:class:`LedgerUnavailable`, e.g. PostgreSQL down or cut off):
 
 * writes sent without waiting (the request path's attempts) stay queued, in order, and the batch is
@@ -83,6 +85,14 @@ class AsyncLedger:
         self.retry_max_s = retry_max_s
         self.close_timeout_s = close_timeout_s
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenplane-ledger")
+        # A store with a connection pool (``read_threads`` > 0) reads on threads of their own, so a
+        # read does not queue behind a write batch in progress; the others read on the writer's.
+        read_threads = int(getattr(store, "read_threads", 0))
+        self._read_executor = (
+            ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="tokenplane-ledger-read")
+            if read_threads > 0
+            else self._executor
+        )
         self._in_loop = not getattr(store, "blocking", True)
         self._keyed = bool(getattr(store, "keyed_writes", False))
         self._key_prefix = uuid.uuid4().hex[:20] + "-"
@@ -108,6 +118,12 @@ class AsyncLedger:
             return fn(*args)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, fn, *args)
+
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._in_loop:
+            return fn(*args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._read_executor, fn, *args)
 
     def _enqueue(self, write: LedgerWrite, waiter: _Waiter) -> None:
         if len(self._pending) >= self.max_buffered:
@@ -232,23 +248,23 @@ class AsyncLedger:
     # -- reads -------------------------------------------------------------------------------------
     async def get_workflow(self, workflow_id: str, tenant: str) -> WorkflowSummary | None:
         await self._caught_up()
-        return await self._run(self.store.get_workflow, workflow_id, tenant)
+        return await self._read(self.store.get_workflow, workflow_id, tenant)
 
     async def list_attempts(self, workflow_id: str, tenant: str) -> list[AttemptRecord]:
         await self._caught_up()
-        return await self._run(self.store.list_attempts, workflow_id, tenant)
+        return await self._read(self.store.list_attempts, workflow_id, tenant)
 
     async def request_cost(self, request_id: str, tenant: str) -> float | None:
         await self._caught_up()
-        return await self._run(self.store.request_cost, request_id, tenant)
+        return await self._read(self.store.request_cost, request_id, tenant)
 
     async def tenant_totals(self, tenant: str) -> EconomicsSummary:
         await self._caught_up()
-        return await self._run(self.store.tenant_totals, tenant)
+        return await self._read(self.store.tenant_totals, tenant)
 
     async def economics(self, *, by: GroupBy | None = None) -> dict[str, EconomicsSummary]:
         await self._caught_up()
-        return await self._run(lambda: self.store.economics(by=by))
+        return await self._read(lambda: self.store.economics(by=by))
 
     async def aclose(self) -> None:
         """Commit what is pending (for up to ``close_timeout_s``), close the store, stop the thread."""
@@ -261,6 +277,8 @@ class AsyncLedger:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
+        if self._read_executor is not self._executor:
+            self._read_executor.shutdown(wait=True)
         await self._run(self.store.close)
         self._executor.shutdown(wait=True)
 

@@ -6,7 +6,13 @@ same pure rules (:class:`~tokenplane.ledger.store.BaseLedger`), the running econ
 ``ledger_totals`` moved in the same transaction as the workflows they sum. Connections come from a
 ``psycopg_pool`` pool (checked before use, so a restarted server costs no failed request); the
 gateway reaches the store through :class:`~tokenplane.ledger.aio.AsyncLedger`, which batches writes
-off the request path and buffers them while the server is unreachable.
+off the request path (one writer thread, one transaction per batch), runs reads on
+``read_threads`` threads of their own, and buffers writes while the server is unreachable.
+
+Why a synchronous store under an asyncio face rather than psycopg's async pool: the store keeps the
+synchronous :class:`~tokenplane.ledger.store.LedgerStore` protocol that SQLite, the in-memory
+ledger and the twin share (and its tests run against all three); the request path never waits on
+it (it appends to a list), and a batch is one thread hop whatever its size.
 
 Concurrency between replicas: a batch takes a transaction-level advisory lock per workflow it
 touches (in sorted order, so two batches cannot deadlock on them), then reads those workflows,
@@ -105,6 +111,9 @@ class PostgresLedger(BaseLedger):
     ) -> None:
         super().__init__(abandon_after_s=abandon_after_s)
         self.url = redact_url(url)
+        self.read_threads = max(1, pool_max_size - 1)
+        """Reads :class:`~tokenplane.ledger.aio.AsyncLedger` may run at once (a connection each;
+        the remaining one is for its writer)."""
         self._pool = ConnectionPool(
             url,
             min_size=pool_min_size,
