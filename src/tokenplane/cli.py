@@ -186,10 +186,11 @@ def serve(
     """Run the OpenAI-compatible gateway in front of the configured instances."""
     from tokenplane.gateway import ConfigError
     from tokenplane.gateway.serve import serve as run_gateway
+    from tokenplane.ledger import LedgerError
 
     try:
         run_gateway(config, host, port, workers=workers, worker=worker)
-    except ConfigError as exc:
+    except (ConfigError, LedgerError) as exc:  # LedgerError: the ledger's database cannot be opened
         _fail(str(exc))
 
 

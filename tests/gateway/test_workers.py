@@ -223,3 +223,23 @@ async def poll_workflow(
             return status, body
         await asyncio.sleep(0.05)
     raise AssertionError(f"{wid}: {status} {body}")
+
+
+async def test_serve_stops_at_start_when_the_ledger_database_is_unreachable(
+    upstreams, names, tmp_path
+) -> None:
+    """Not an outage to buffer through: a gateway that never reached its ledger does not start
+    (exit 2, the address without its password), and leaves nothing running behind it."""
+    ups = await upstreams(1)
+    url = "postgresql://postgres:s3cret@127.0.0.1:1/tokenplane"
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text(yaml.safe_dump(names.gateway_config(ups, ledger={"url": url, "timeout_s": 1})))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tokenplane", "serve", str(cfg), "--port", "0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    text = out.decode()
+    assert proc.returncode == 2, text
+    assert "postgresql://127.0.0.1:1/tokenplane" in text and "s3cret" not in text
+    assert "Task was destroyed" not in text and "Unclosed" not in text  # it stopped what it started

@@ -81,7 +81,12 @@ async def _run(server: GatewayServer, worker: int | None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' loop
             loop.add_signal_handler(sig, stop.set)
-    await server.start()
+    try:
+        await server.start()
+    except BaseException:  # a start-up hook failed (the ledger's database unreachable...): stop what
+        with contextlib.suppress(Exception):  # the gateway had started (its checks, housekeeping)
+            await server.app[GATEWAY_KEY].stop()
+        raise
     host = f"[{server.host}]" if ":" in server.host else server.host
     who = "" if worker is None else f" (worker {worker}, pid {os.getpid()})"
     log.info("serving on http://%s:%d%s (press CTRL+C to quit)", host, server.port, who)

@@ -15,8 +15,9 @@ than the write itself.
 Reads wait for the writes submitted before them (read-your-writes) and then run on the same
 worker thread, or, for a store with a connection pool (``read_threads`` > 0:
 :class:`~tokenplane.ledger.postgres.PostgresLedger`), on that many threads of their own, so that
-several clients' reads are served at once. A failed batch fails every write in it with the store's exception, except when the
-store is unreachable (:class:`LedgerUnavailable`, e.g. PostgreSQL down or cut off):
+several clients' reads are served at once. A failed batch fails every write in it with the
+store's exception, except when the store is unreachable (:class:`LedgerUnavailable`, e.g.
+PostgreSQL down or cut off):
 
 * writes sent without waiting (the request path's attempts) stay queued, in order, and the batch is
   tried again with a growing pause (``retry_min_s`` doubling up to ``retry_max_s``) until the store
