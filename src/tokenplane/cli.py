@@ -191,14 +191,24 @@ def serve(
     config: Annotated[Path, typer.Argument(help="Gateway config YAML (tenants, models, instances).")],
     host: Annotated[str | None, typer.Option(help="Override listen.host.")] = None,
     port: Annotated[int | None, typer.Option(help="Override listen.port.")] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Gateway processes on one port (SO_REUSEPORT). They share only what the backends "
+            "share (ledger.url, a SQLite ledger file); the memory backend gives each worker its own state.",
+        ),
+    ] = 1,
+    worker: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Run the OpenAI-compatible gateway in front of the configured instances."""
     from tokenplane.gateway import ConfigError
     from tokenplane.gateway.serve import serve as run_gateway
+    from tokenplane.ledger import LedgerError
 
     try:
-        run_gateway(config, host, port)
-    except ConfigError as exc:
+        run_gateway(config, host, port, workers=workers, worker=worker)
+    except (ConfigError, LedgerError) as exc:  # LedgerError: the ledger's database cannot be opened
         _fail(str(exc))
 
 

@@ -25,13 +25,19 @@ from tokenplane.ledger.schema import adapt, schema_statements
 ABANDON_S = 60.0
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+def open_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> LedgerStore:
+    if kind == "memory":
+        return MemoryLedger(abandon_after_s=ABANDON_S)
+    if kind == "sqlite":
+        return SqliteLedger(tmp_path / "ledger.db", abandon_after_s=ABANDON_S)
+    from tokenplane.ledger.postgres import PostgresLedger
+
+    return PostgresLedger(request.getfixturevalue("pg_url"), abandon_after_s=ABANDON_S)
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LedgerStore]:
-    s: LedgerStore
-    if request.param == "memory":
-        s = MemoryLedger(abandon_after_s=ABANDON_S)
-    else:
-        s = SqliteLedger(tmp_path / "ledger.db", abandon_after_s=ABANDON_S)
+    s = open_store(request.param, request, tmp_path)
     yield s
     s.close()
 
@@ -225,9 +231,11 @@ def test_schema_is_portable_sql() -> None:
     assert adapt("SELECT ?", "qmark") == "SELECT ?"
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-def test_async_wrapper_batches_writes_and_reads_its_writes(kind: str, tmp_path: Path) -> None:
-    base: LedgerStore = MemoryLedger() if kind == "memory" else SqliteLedger(tmp_path / "l.db")
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+def test_async_wrapper_batches_writes_and_reads_its_writes(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    base = open_store(kind, request, tmp_path)
 
     async def main() -> None:
         ledger = AsyncLedger(base, max_batch=64)

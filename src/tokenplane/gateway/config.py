@@ -25,6 +25,8 @@ Shape (every section but ``models`` and ``instances`` is optional)::
     # the tokens each instance has in flight (batching-aware load) when placing a request.
     ledger: {path: tokenplane-ledger.sqlite, abandon_after_s: 600}   # path null: in memory,
                                         # keeping memory_max_settled (100000) settled workflows
+    # or, shared by every replica: ledger: {url: postgresql://user@db:5432/tokenplane,
+    #   pool_max_size: 4, buffer_max_writes: 100000, timeout_s: 5}
     tracing: {otlp_endpoint: null, service_name: tokenplane-gateway, sample_ratio: 1.0}
 
 API keys are stored hashed (``sha256:`` + hex digest of the raw key, see :func:`hash_key`). An empty
@@ -289,7 +291,16 @@ class LedgerConfig(_Strict):
 
     enabled: bool = True
     path: str | None = None
-    """SQLite file; ``null`` keeps the ledger in memory (lost on restart, not shared)."""
+    """SQLite file; ``null`` (and no ``url``) keeps the ledger in memory (lost on restart, not shared)."""
+    url: str | None = None
+    """PostgreSQL (``postgresql://...``): one ledger every replica shares (exclusive with ``path``)."""
+    pool_max_size: int = Field(4, ge=1)
+    """PostgreSQL only: connections per gateway process."""
+    buffer_max_writes: int = Field(100_000, ge=256)
+    """PostgreSQL only: attempts queued while the database is unreachable; beyond, they are dropped
+    (counted in ``tokenplane_ledger_dropped_writes_total``)."""
+    timeout_s: float = Field(5.0, gt=0)
+    """PostgreSQL only: to connect, and to wait for a pooled connection."""
     memory_max_settled: int = Field(DEFAULT_MAX_SETTLED, ge=0)
     """In memory only: settled workflows kept readable (oldest forgotten first; totals keep them)."""
     abandon_after_s: float = Field(600.0, gt=0)
@@ -297,6 +308,19 @@ class LedgerConfig(_Strict):
     prefill_tokens_per_s: float = Field(10_000.0, gt=0)
     decode_tokens_per_s: float = Field(2_000.0, gt=0)
     """Fallback throughput for instances neither configured nor known to the twin's catalogue."""
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a PostgreSQL URL (postgresql://user@host:port/database)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_store(self) -> LedgerConfig:
+        if self.url is not None and self.path is not None:
+            raise ValueError("give path (SQLite) or url (PostgreSQL), not both")
+        return self
 
 
 class TracingConfig(_Strict):

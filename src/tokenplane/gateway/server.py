@@ -27,8 +27,11 @@ class GatewayServer:
         *,
         fast: bool = True,
         keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
+        reuse_port: bool = False,
     ) -> None:
         self.app = app
+        self.reuse_port = reuse_port
+        """Listen with ``SO_REUSEPORT`` (``tokenplane serve --workers``: several processes, one port)."""
         self.keepalive_timeout_s = keepalive_timeout_s
         self.host = host
         self.port = port
@@ -41,7 +44,7 @@ class GatewayServer:
     async def start(self) -> None:
         await self.runner.setup()  # the application's on_startup hooks run here
         if not self.fast:
-            self._site = web.TCPSite(self.runner, self.host, self.port)
+            self._site = web.TCPSite(self.runner, self.host, self.port, reuse_port=self.reuse_port or None)
             await self._site.start()
             sock = self.runner.addresses[0]
             self.port = int(sock[1])
@@ -54,7 +57,9 @@ class GatewayServer:
             pipeline.run, server, gw.limits.max_body_bytes, served_by_header, self.keepalive_timeout_s
         )
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self.front.protocol, self.host, self.port, reuse_address=True)
+        self._server = await loop.create_server(
+            self.front.protocol, self.host, self.port, reuse_address=True, reuse_port=self.reuse_port or None
+        )
         self.port = int(self._server.sockets[0].getsockname()[1])
 
     start_server = start  # the name aiohttp's TestServer uses

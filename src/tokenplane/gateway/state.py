@@ -75,7 +75,9 @@ class Gateway:
         self.path_metrics = PathMetrics(self.metrics.registry)
         self.economics = EconomicsMetrics(self.metrics.registry)
         served = {m.name: m.served_name for m in config.models}
-        self.workflows = Workflows(config.ledger, CostModel(config.ledger, served), self.economics)
+        self.workflows = Workflows(
+            config.ledger, CostModel(config.ledger, served), self.economics, self.metrics.registry
+        )
         self.ledger_on = config.ledger.enabled
         self.tracing: Tracing | None = Tracing.from_config(config.tracing)  # None: each trace is NULL_TRACE
         self.resilience = Resilience(

@@ -23,6 +23,11 @@
   leaves mid-answer leaves its step open (its attempt is a failure that is not terminal). Timestamps
   are wall-clock seconds (they persist across restarts); a periodic sweep abandons workflows idle for
   ``ledger.abandon_after_s``.
+* **The store** (``ledger:`` in config): in memory, a SQLite file (``path``), or PostgreSQL
+  (``url``), which every replica shares: any replica answers for a workflow another started, a
+  moment (one batch commit) after that replica recorded it. While PostgreSQL is unreachable the
+  attempts wait in a bounded queue (:class:`~tokenplane.ledger.AsyncLedger`), gauged in
+  ``/metrics`` (:class:`LedgerQueueCollector`); the endpoints answer 503 ``ledger_unavailable``.
 * **Endpoints**: ``GET /v1/workflows/{id}`` (the summary and its attempts) and
   ``POST /v1/workflows/{id}/outcome`` with ``{"outcome": "succeeded" | "failed" | "abandoned"}``.
   Both authenticate; a workflow of another tenant is a 404, exactly as one that does not exist.
@@ -34,30 +39,45 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import msgspec
 from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from tokenplane.core.views import RequestInfo, WorkflowContext
 from tokenplane.core.workflow_hints import HEADER_PREFIX, HintError, WorkflowHints, parse_workflow_hints
 from tokenplane.gateway.config import InstanceConfig, LedgerConfig
 from tokenplane.gateway.economics import CostModel, EconomicsMetrics
-from tokenplane.gateway.errors import GatewayError, InvalidParameter, InvalidRequest, MalformedJSON
+from tokenplane.gateway.errors import GatewayError, InvalidParameter, InvalidRequest, MalformedJSON, Refused
 from tokenplane.gateway.tenants import Tenant
 from tokenplane.gateway.wire import decode_outcome
 from tokenplane.ledger import (
     AsyncLedger,
     AttemptRecord,
+    LedgerBufferFull,
     LedgerError,
+    LedgerStore,
+    LedgerUnavailable,
     MemoryLedger,
     SqliteLedger,
     TaskOutcome,
     WorkflowSummary,
 )
 
-__all__ = ["AttemptLog", "InvalidHint", "WorkflowNotFound", "Workflows", "has_hints", "strip_hints"]
+__all__ = [
+    "AttemptLog",
+    "InvalidHint",
+    "LedgerQueueCollector",
+    "LedgerUnreachable",
+    "WorkflowNotFound",
+    "Workflows",
+    "has_hints",
+    "strip_hints",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +99,45 @@ class WorkflowNotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
     default_code = "workflow_not_found"
+
+
+class LedgerUnreachable(Refused):
+    default_code = "ledger_unavailable"
+
+
+class LedgerQueueCollector:
+    """``/metrics``: the ledger's write queue (its depth, drops, retries, whether it can write)."""
+
+    def __init__(self, workflows: Workflows) -> None:
+        self._wf = workflows
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        ledger = self._wf.ledger
+        if ledger is None:
+            return
+        depth = GaugeMetricFamily(
+            "tokenplane_ledger_buffered_writes", "Ledger writes queued and not yet committed"
+        )
+        depth.add_metric([], ledger.buffered)
+        yield depth
+        up = GaugeMetricFamily(
+            "tokenplane_ledger_available", "1 when the ledger's last write committed, 0 while it cannot write"
+        )
+        up.add_metric([], 0 if ledger.unavailable is not None else 1)
+        yield up
+        dropped = CounterMetricFamily(
+            "tokenplane_ledger_dropped_writes", "Ledger writes dropped: the store was away and the queue full"
+        )
+        dropped.add_metric([], ledger.dropped)
+        yield dropped
+        retries = CounterMetricFamily(
+            "tokenplane_ledger_write_retries", "Ledger batches tried again because the store was unreachable"
+        )
+        retries.add_metric([], ledger.retries)
+        yield retries
 
 
 def _is_int_text(v: str) -> bool:
@@ -153,11 +212,19 @@ class AttemptLog:
 class Workflows:
     """The gateway's workflow state: the ledger, the spend cache, the endpoints."""
 
-    def __init__(self, config: LedgerConfig, costs: CostModel, metrics: EconomicsMetrics) -> None:
+    def __init__(
+        self,
+        config: LedgerConfig,
+        costs: CostModel,
+        metrics: EconomicsMetrics,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.config = config
         self.costs = costs
         self.metrics = metrics
         self.ledger: AsyncLedger | None = None
+        if registry is not None and config.url is not None:
+            registry.register(LedgerQueueCollector(self))
         self._spend: dict[tuple[str, str], float] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._refreshing: asyncio.Task[None] | None = None
@@ -165,12 +232,26 @@ class Workflows:
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
-        store = (
-            SqliteLedger(cfg.path, abandon_after_s=cfg.abandon_after_s)
-            if cfg.path
-            else MemoryLedger(abandon_after_s=cfg.abandon_after_s, max_settled=cfg.memory_max_settled)
-        )
-        self.ledger = AsyncLedger(store)
+        store: LedgerStore
+        if cfg.url:
+            from tokenplane.ledger.postgres import PostgresLedger  # psycopg loads only when used
+
+            # connecting and migrating wait on the network: off the loop
+            store = await asyncio.to_thread(
+                PostgresLedger,
+                cfg.url,
+                abandon_after_s=cfg.abandon_after_s,
+                pool_max_size=cfg.pool_max_size,
+                timeout_s=cfg.timeout_s,
+            )
+            self.ledger = AsyncLedger(store, max_buffered=cfg.buffer_max_writes)
+        else:
+            store = (
+                SqliteLedger(cfg.path, abandon_after_s=cfg.abandon_after_s)
+                if cfg.path
+                else MemoryLedger(abandon_after_s=cfg.abandon_after_s, max_settled=cfg.memory_max_settled)
+            )
+            self.ledger = AsyncLedger(store)
         self._sweeper = asyncio.create_task(self._sweep_loop())
 
     async def stop(self) -> None:
@@ -282,7 +363,8 @@ class Workflows:
 
     def _written(self, write: AttemptRecord, w: WorkflowSummary | None, exc: BaseException | None) -> None:
         if exc is not None or w is None:
-            log.error("the ledger refused an attempt: %s", exc)
+            if not isinstance(exc, LedgerBufferFull):  # drops are counted and logged by the ledger
+                log.error("the ledger refused an attempt: %s", exc)
             return
         if w.outcome is not TaskOutcome.OPEN and w.settled_t == write.t:  # this attempt settled it
             self.metrics.task(w.tenant, w.model, w.outcome.value)
@@ -301,6 +383,8 @@ class Workflows:
         assert self.ledger is not None
         try:
             self.metrics.snapshot = await self.ledger.economics(by="tenant")
+        except LedgerUnavailable as exc:  # a scrape while the database is away: the last snapshot stays
+            log.warning("reading the ledger's economics failed: %s", exc)
         except Exception:
             log.exception("reading the ledger's economics failed")
 
@@ -308,7 +392,10 @@ class Workflows:
     async def _find(self, workflow_id: str, tenant: Tenant) -> WorkflowSummary:
         if self.ledger is None:
             raise WorkflowNotFound("the workflow ledger is off in this gateway")
-        w = await self.ledger.get_workflow(workflow_id, tenant.name)
+        try:
+            w = await self.ledger.get_workflow(workflow_id, tenant.name)
+        except LedgerUnavailable as exc:
+            raise LedgerUnreachable(f"the workflow ledger is unreachable: {exc}") from None
         if w is None:
             raise WorkflowNotFound(f"no workflow {workflow_id!r}")
         return w
@@ -316,7 +403,10 @@ class Workflows:
     async def show(self, workflow_id: str, tenant: Tenant) -> web.Response:
         w = await self._find(workflow_id, tenant)
         assert self.ledger is not None
-        attempts = await self.ledger.list_attempts(workflow_id, tenant.name)
+        try:
+            attempts = await self.ledger.list_attempts(workflow_id, tenant.name)
+        except LedgerUnavailable as exc:
+            raise LedgerUnreachable(f"the workflow ledger is unreachable: {exc}") from None
         body = _view(w)
         body["attempt_log"] = [
             {
@@ -349,7 +439,10 @@ class Workflows:
             )
         prev = await self._find(workflow_id, tenant)
         assert self.ledger is not None
-        w = await self.ledger.record_outcome(workflow_id, tenant.name, req.outcome, time.time())
+        try:
+            w = await self.ledger.record_outcome(workflow_id, tenant.name, req.outcome, time.time())
+        except LedgerUnavailable as exc:
+            raise LedgerUnreachable(f"the workflow ledger is unreachable: {exc}") from None
         if prev.outcome is TaskOutcome.OPEN:
             self.metrics.task(w.tenant, w.model, w.outcome.value)
         self._spend.pop((tenant.name, workflow_id), None)
