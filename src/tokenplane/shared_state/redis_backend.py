@@ -1,0 +1,329 @@
+"""The ``redis`` state backend: what several gateway replicas must agree on, kept in one Redis.
+
+What is shared, and how fresh each replica's view is:
+
+* Tenant concurrency (``max_concurrency``, global across replicas) and the per-minute request and
+  token limits (:mod:`~tokenplane.shared_state.quotas`): decided by one Lua script per request
+  (:data:`~tokenplane.shared_state.scripts.ACQUIRE`), exact, no staleness. It is the request path's
+  only round trip to Redis; a request's end (lease freed, completion tokens charged) is batched
+  with the others that end in the same loop iteration and sent off the request path.
+* Concurrency slots are leases (a sorted set scored by expiry), renewed every third of
+  ``lease_ttl_s`` while their requests run: a replica killed with requests in flight frees its
+  slots within ``lease_ttl_s`` (10 s by default), never leaking them.
+* Breaker transitions: a replica that opens an instance's breaker publishes it; every other
+  replica opens its own at once (pub/sub, milliseconds; well within one second) for the same
+  cooldown. A half-open probe's verdict is shared the same way (a success closes the breaker
+  everywhere, a failure reopens it everywhere).
+* The approximate prefix index: each routing decision (model, instance, prompt-block chain) is
+  published in batches every ``sync_interval_s`` (20 ms by default) and inserted into the other
+  replicas' indexes, so the next turn of a conversation finds its instance through any replica
+  (stale by at most one batch plus pub/sub delivery, against seconds between turns).
+
+Failure semantics: a Redis call that fails or takes longer than ``timeout_s`` marks the backend
+down (``tokenplane_state_backend_up`` 0, one warning in the log, and
+``tokenplane_state_fail_open_total{operation}`` per call that fell back). Requests then flow on
+local state: each replica's own ``max_concurrency`` and its own per-minute buckets (so the fleet
+may admit up to replicas × each limit). The replica pings Redis every ``retry_connect_s``; once it
+answers, new requests use it again (``up`` 1, one log line). Requests admitted while it was down
+hold no lease there and do not count against the shared concurrency limit until they end. Breaker
+and prefix messages published while a replica's subscription was down are lost to it: its own
+breakers still open on its own failures, and the prefix index converges as turns are routed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from tokenplane.gateway.config import StateConfig
+from tokenplane.shared_state.errors import BackendUnavailable
+from tokenplane.shared_state.quotas import (
+    ADMITTED,
+    CHECK_ORDER,
+    CONCURRENCY_RETRY_AFTER_S,
+    WINDOW_S,
+    LocalQuotas,
+    QuotaDecision,
+    TenantQuota,
+)
+from tokenplane.shared_state.scripts import ACQUIRE, RELEASE, RENEW
+
+log = logging.getLogger(__name__)
+
+_FAILURES = (RedisError, OSError, TimeoutError, BackendUnavailable)
+
+BreakerHandler = Callable[[str, str, float], None]
+"""(instance id, "open" | "closed", cooldown s) from another replica."""
+PrefixHandler = Callable[[str, str, Sequence[int]], None]
+"""(model, instance id, block hashes) routed by another replica."""
+
+
+class StateMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.up = Gauge(
+            "tokenplane_state_backend_up",
+            "1 while the shared state backend (Redis) answers; 0 while this replica runs on local state",
+            registry=registry,
+        )
+        self.up.set(1)
+        self.fail_open = Counter(
+            "tokenplane_state_fail_open",
+            "Operations that fell back to local state because the shared backend was unavailable",
+            ["operation"],
+            registry=registry,
+        )
+        self.peer_events = Counter(
+            "tokenplane_state_peer_events",
+            "Breaker transitions and routing observations received from other replicas",
+            ["kind"],
+            registry=registry,
+        )
+
+
+class RedisState:
+    """One replica's link to the shared Redis (see the module docstring)."""
+
+    def __init__(self, config: StateConfig, registry: CollectorRegistry) -> None:
+        self.config = config
+        self.replica_id = uuid.uuid4().hex[:12]
+        self.prefix = config.key_prefix
+        self.channel = config.key_prefix + "events"
+        self.metrics = StateMetrics(registry)
+        self.local = LocalQuotas()
+        self.up = True
+        self.on_breaker: BreakerHandler | None = None
+        self.on_prefix: PrefixHandler | None = None
+        self.client = aioredis.Redis.from_url(
+            config.url,
+            socket_timeout=config.timeout_s,
+            socket_connect_timeout=config.timeout_s,
+            retry_on_timeout=False,
+            # one immediate retry (a pooled connection Redis closed on restart), then fail open:
+            # the client's default backs off for seconds, which the request path cannot wait
+            retry=Retry(NoBackoff(), 1),
+        )
+        self._acquire = self.client.register_script(ACQUIRE)
+        self._release = self.client.register_script(RELEASE)
+        self._renew = self.client.register_script(RENEW)
+        self._leases: dict[str, str] = {}  # member -> lease set, for requests holding a slot
+        self._ends: list[tuple[list[str], list[str | int | float]]] = []
+        self._ends_scheduled = False
+        self._routed: list[tuple[str, str, list[int]]] = []
+        self._routed_scheduled = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reconnecting: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        try:
+            await self.client.ping()
+        except _FAILURES as exc:
+            self._fail("start", exc)
+        self._tasks = [asyncio.create_task(self._renew_loop()), asyncio.create_task(self._listen())]
+
+    async def stop(self) -> None:
+        tasks = [*self._tasks, *self._background]
+        if self._reconnecting is not None:
+            tasks.append(self._reconnecting)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        with contextlib.suppress(*_FAILURES):
+            await self._flush_ends_now()
+        await self.client.aclose()
+
+    # -- health ---------------------------------------------------------------------------------
+    def _fail(self, operation: str, exc: BaseException) -> None:
+        self.metrics.fail_open.labels(operation).inc()
+        if not self.up:
+            return
+        self.up = False
+        self.metrics.up.set(0)
+        log.warning(
+            "shared state: Redis at %s unavailable (%s: %s); running on local state until it answers",
+            self.config.url,
+            type(exc).__name__,
+            exc,
+        )
+        if self._reconnecting is None or self._reconnecting.done():
+            self._reconnecting = asyncio.create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        while not self.up:
+            await asyncio.sleep(self.config.retry_connect_s)
+            try:
+                await self.client.ping()
+            except _FAILURES:
+                continue
+            self.up = True
+            self.metrics.up.set(1)
+            log.warning("shared state: Redis at %s answers again; limits are shared again", self.config.url)
+
+    # -- tenant limits --------------------------------------------------------------------------
+    def _key(self, kind: str, name: str) -> str:
+        return f"{self.prefix}{kind}:{name}"
+
+    async def acquire(self, quota: TenantQuota, key_id: str, member: str, tokens: int) -> QuotaDecision:
+        """Admit the request under its tenant's shared limits, or refuse with a reason."""
+        if not self.up:
+            self.metrics.fail_open.labels("acquire").inc()
+            return self.local.acquire(quota, key_id, tokens, time.time())
+        tenant = quota.tenant
+        lease_key = self._key("lease", tenant)
+        keys = [
+            lease_key,
+            self._key("rpm", tenant),
+            self._key("tpm", tenant),
+            self._key("krpm", key_id),
+            self._key("ktpm", key_id),
+        ]
+        args: list[str | int | float] = [
+            quota.concurrency,
+            member,
+            self.config.lease_ttl_s,
+            quota.rpm,
+            quota.tpm,
+            quota.key_rpm,
+            quota.key_tpm,
+            tokens,
+            WINDOW_S,
+        ]
+        try:
+            code, wait_ms = await self._acquire(keys=keys, args=args)
+        except _FAILURES as exc:
+            self._fail("acquire", exc)
+            return self.local.acquire(quota, key_id, tokens, time.time())
+        if code == 0:
+            if quota.concurrency:
+                self._leases[member] = lease_key
+            return ADMITTED
+        reason = CHECK_ORDER[int(code) - 1]
+        wait = CONCURRENCY_RETRY_AFTER_S if code == 1 else max(1.0, int(wait_ms) / 1000)
+        return QuotaDecision(False, reason, wait)
+
+    def release(self, quota: TenantQuota, key_id: str, member: str, tokens: int, *, shared: bool) -> None:
+        """The request ended: free its lease and charge its completion tokens (batched, off the
+        request path); ``shared`` False: it was admitted on local state."""
+        if not shared:
+            self.local.charge(quota, key_id, tokens, time.time())
+            return
+        lease_key = self._leases.pop(member, "")
+        tpm = self._key("tpm", quota.tenant) if quota.tpm else ""
+        ktpm = self._key("ktpm", key_id) if quota.key_tpm else ""
+        if not lease_key and not ((tpm or ktpm) and tokens > 0):
+            return
+        self._ends.append(([lease_key, tpm, ktpm], [member, tokens, WINDOW_S]))
+        if not self._ends_scheduled:
+            self._ends_scheduled = True
+            asyncio.get_running_loop().call_soon(self._spawn, self._flush_ends())
+
+    async def _flush_ends(self) -> None:
+        self._ends_scheduled = False
+        try:
+            await self._flush_ends_now()
+        except _FAILURES as exc:
+            self._fail("release", exc)  # the leases expire on their own
+
+    async def _flush_ends_now(self) -> None:
+        ends, self._ends = self._ends, []
+        if not ends or not self.up:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for keys, args in ends:
+                await self._release(keys=keys, args=args, client=pipe)
+            await pipe.execute()
+
+    async def _renew_loop(self) -> None:
+        period = self.config.lease_ttl_s / 3
+        while True:
+            await asyncio.sleep(period)
+            if not self._leases or not self.up:
+                continue
+            members = list(self._leases.items())
+            try:
+                await self._renew(
+                    keys=[k for _, k in members], args=[self.config.lease_ttl_s, *[m for m, _ in members]]
+                )
+            except _FAILURES as exc:
+                self._fail("renew", exc)
+
+    # -- breakers and routing, shared by pub/sub --------------------------------------------------
+    def publish_breaker(self, instance_id: str, state: str, cooldown_s: float) -> None:
+        """Tell the other replicas of a breaker transition this replica made (not one it adopted)."""
+        message = msgspec.msgpack.encode(("b", self.replica_id, instance_id, state, cooldown_s))
+        self._spawn(self._publish(message))
+
+    def publish_routed(self, model: str, instance_id: str, block_hashes: Sequence[int]) -> None:
+        """Queue a routing observation; sent with the others every ``sync_interval_s``."""
+        self._routed.append((model, instance_id, list(block_hashes)))
+        if not self._routed_scheduled:
+            self._routed_scheduled = True
+            asyncio.get_running_loop().call_later(self.config.sync_interval_s, self._flush_routed)
+
+    def _flush_routed(self) -> None:
+        self._routed_scheduled = False
+        routed, self._routed = self._routed, []
+        if routed and self.up:
+            self._spawn(self._publish(msgspec.msgpack.encode(("p", self.replica_id, routed))))
+
+    async def _publish(self, message: bytes) -> None:
+        if not self.up:
+            return
+        try:
+            await self.client.publish(self.channel, message)
+        except _FAILURES as exc:
+            self._fail("publish", exc)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _listen(self) -> None:
+        """Receive the other replicas' messages; resubscribe after a failure."""
+        while True:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                while True:
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        self._on_message(message["data"])
+            except _FAILURES as exc:
+                self._fail("subscribe", exc)
+            finally:
+                with contextlib.suppress(*_FAILURES):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(self.config.retry_connect_s)
+
+    def _on_message(self, data: bytes) -> None:
+        try:
+            message = msgspec.msgpack.decode(data)
+        except msgspec.DecodeError:
+            log.warning("shared state: undecodable message on %s", self.channel)
+            return
+        if message[1] == self.replica_id:
+            return
+        if message[0] == "b" and self.on_breaker is not None:
+            self.metrics.peer_events.labels("breaker").inc()
+            self.on_breaker(message[2], message[3], float(message[4]))
+        elif message[0] == "p" and self.on_prefix is not None:
+            self.metrics.peer_events.labels("routed").inc(len(message[2]))
+            for model, instance_id, hashes in message[2]:
+                self.on_prefix(model, instance_id, hashes)
