@@ -71,6 +71,7 @@ async def test_a_killed_replicas_slots_heal_within_the_lease(key_prefix: str) ->
     # the replica dies without releasing: no renewals, no release
     for task in dead._tasks:
         task.cancel()
+    dead.lean.close()
     await dead.client.aclose()
     alive = replica(SHARED_URL, key_prefix, lease_ttl_s=0.6)
     await alive.start()

@@ -155,7 +155,7 @@ class Gateway:
             index = prefix_index_of(m.router)
             if index is not None:
                 self._shared_indexes[m.name] = index
-                m.router = SharedPrefixRouter(m.router, m.name, shared)
+                m.router = SharedPrefixRouter(m.router, index, m.name, shared)
         shared.on_prefix = self._learn_routed
 
     def _adopt_breaker(self, instance_id: str, state: str, cooldown_s: float) -> None:

@@ -5,8 +5,9 @@ What is shared, and how fresh each replica's view is:
 * Tenant concurrency (``max_concurrency``, global across replicas) and the per-minute request and
   token limits (:mod:`~tokenplane.shared_state.quotas`): decided by one Lua script per request
   (:data:`~tokenplane.shared_state.scripts.ACQUIRE`), exact, no staleness. It is the request path's
-  only round trip to Redis; a request's end (lease freed, completion tokens charged) is batched
-  with the others that end in the same loop iteration and sent off the request path.
+  only round trip to Redis, on a pipelined connection of its own
+  (:mod:`~tokenplane.shared_state.resp`); a request's end (lease freed, completion tokens charged)
+  is written with the next commands and its reply is not awaited.
 * Concurrency slots are leases (a sorted set scored by expiry), renewed every third of
   ``lease_ttl_s`` while their requests run: a replica killed with requests in flight frees its
   slots within ``lease_ttl_s`` (10 s by default), never leaking them.
@@ -58,10 +59,12 @@ from tokenplane.shared_state.quotas import (
     QuotaDecision,
     TenantQuota,
 )
+from tokenplane.shared_state.resp import RespConnection
 from tokenplane.shared_state.scripts import ACQUIRE, RELEASE, RENEW
 
 log = logging.getLogger(__name__)
 
+MAX_ENCODED = 4096
 _FAILURES = (RedisError, OSError, TimeoutError, BackendUnavailable)
 
 BreakerHandler = Callable[[str, str, float], None]
@@ -114,12 +117,10 @@ class RedisState:
             # the client's default backs off for seconds, which the request path cannot wait
             retry=Retry(NoBackoff(), 1),
         )
-        self._acquire = self.client.register_script(ACQUIRE)
-        self._release = self.client.register_script(RELEASE)
+        self.lean = RespConnection(config.url, config.timeout_s, scripts=(ACQUIRE, RELEASE))
         self._renew = self.client.register_script(RENEW)
         self._leases: dict[str, str] = {}  # member -> lease set, for requests holding a slot
-        self._ends: list[tuple[list[str], list[str | int | float]]] = []
-        self._ends_scheduled = False
+        self._encoded: dict[tuple[TenantQuota, str], tuple[bytes, bytes]] = {}
         self._routed: list[tuple[str, str, list[int]]] = []
         self._routed_scheduled = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -144,8 +145,7 @@ class RedisState:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
-        with contextlib.suppress(*_FAILURES):
-            await self._flush_ends_now()
+        self.lean.close()
         await self.client.aclose()
 
     # -- health ---------------------------------------------------------------------------------
@@ -154,6 +154,7 @@ class RedisState:
         if not self.up:
             return
         self.up = False
+        self.lean.close()
         self.metrics.up.set(0)
         log.warning(
             "shared state: Redis at %s unavailable (%s: %s); running on local state until it answers",
@@ -179,75 +180,63 @@ class RedisState:
     def _key(self, kind: str, name: str) -> str:
         return f"{self.prefix}{kind}:{name}"
 
-    async def acquire(self, quota: TenantQuota, key_id: str, member: str, tokens: int) -> QuotaDecision:
-        """Admit the request under its tenant's shared limits, or refuse with a reason."""
-        if not self.up:
-            self.metrics.fail_open.labels("acquire").inc()
-            return self.local.acquire(quota, key_id, tokens, time.time())
+    def _heads(self, quota: TenantQuota, key_id: str) -> tuple[bytes, bytes]:
+        """The tenant's and key's acquire and release commands, encoded but for their last
+        arguments (member, tokens)."""
+        cached = self._encoded.get((quota, key_id))
+        if cached is not None:
+            return cached
         tenant = quota.tenant
-        lease_key = self._key("lease", tenant)
         keys = [
-            lease_key,
+            self._key("lease", tenant),
             self._key("rpm", tenant),
             self._key("tpm", tenant),
             self._key("krpm", key_id),
             self._key("ktpm", key_id),
         ]
-        args: list[str | int | float] = [
-            quota.concurrency,
-            member,
-            self.config.lease_ttl_s,
-            quota.rpm,
-            quota.tpm,
-            quota.key_rpm,
-            quota.key_tpm,
-            tokens,
-            WINDOW_S,
+        limits = (quota.concurrency, self.config.lease_ttl_s, quota.rpm, quota.tpm, quota.key_rpm)
+        acquire = self.lean.prepare(ACQUIRE, keys, [*limits, quota.key_tpm, WINDOW_S], 2)
+        ends = [
+            keys[0] if quota.concurrency else "",
+            keys[2] if quota.tpm else "",
+            keys[4] if quota.key_tpm else "",
         ]
+        release = self.lean.prepare(RELEASE, ends, [WINDOW_S], 2)
+        if len(self._encoded) >= MAX_ENCODED:
+            self._encoded.clear()
+        cached = self._encoded[(quota, key_id)] = (acquire, release)
+        return cached
+
+    async def acquire(self, quota: TenantQuota, key_id: str, member: str, tokens: int) -> QuotaDecision:
+        """Admit the request under its tenant's shared limits, or refuse with a reason."""
+        if not self.up:
+            self.metrics.fail_open.labels("acquire").inc()
+            return self.local.acquire(quota, key_id, tokens, time.time())
+        head = self._heads(quota, key_id)[0]
         try:
-            code, wait_ms = await self._acquire(keys=keys, args=args)
+            code, wait_ms = await self.lean.run(head, (member.encode(), b"%d" % tokens))
         except _FAILURES as exc:
             self._fail("acquire", exc)
             return self.local.acquire(quota, key_id, tokens, time.time())
         if code == 0:
             if quota.concurrency:
-                self._leases[member] = lease_key
+                self._leases[member] = self._key("lease", quota.tenant)
             return ADMITTED
         reason = CHECK_ORDER[int(code) - 1]
         wait = CONCURRENCY_RETRY_AFTER_S if code == 1 else max(1.0, int(wait_ms) / 1000)
         return QuotaDecision(False, reason, wait)
 
     def release(self, quota: TenantQuota, key_id: str, member: str, tokens: int, *, shared: bool) -> None:
-        """The request ended: free its lease and charge its completion tokens (batched, off the
-        request path); ``shared`` False: it was admitted on local state."""
+        """The request ended: free its lease and charge its completion tokens (written with the
+        next commands, reply not awaited; if the connection is lost first, the lease expires on
+        its own within ``lease_ttl_s``); ``shared`` False: it was admitted on local state."""
         if not shared:
             self.local.charge(quota, key_id, tokens, time.time())
             return
-        lease_key = self._leases.pop(member, "")
-        tpm = self._key("tpm", quota.tenant) if quota.tpm else ""
-        ktpm = self._key("ktpm", key_id) if quota.key_tpm else ""
-        if not lease_key and not ((tpm or ktpm) and tokens > 0):
+        held = self._leases.pop(member, None) is not None
+        if not held and not ((quota.tpm or quota.key_tpm) and tokens > 0):
             return
-        self._ends.append(([lease_key, tpm, ktpm], [member, tokens, WINDOW_S]))
-        if not self._ends_scheduled:
-            self._ends_scheduled = True
-            asyncio.get_running_loop().call_soon(self._spawn, self._flush_ends())
-
-    async def _flush_ends(self) -> None:
-        self._ends_scheduled = False
-        try:
-            await self._flush_ends_now()
-        except _FAILURES as exc:
-            self._fail("release", exc)  # the leases expire on their own
-
-    async def _flush_ends_now(self) -> None:
-        ends, self._ends = self._ends, []
-        if not ends or not self.up:
-            return
-        async with self.client.pipeline(transaction=False) as pipe:
-            for keys, args in ends:
-                await self._release(keys=keys, args=args, client=pipe)
-            await pipe.execute()
+        self.lean.send(self._heads(quota, key_id)[1], (member.encode(), b"%d" % tokens))
 
     async def _renew_loop(self) -> None:
         period = self.config.lease_ttl_s / 3

@@ -3,10 +3,17 @@
 :class:`SharedPrefixRouter` wraps a model's router whose index is a
 :class:`~tokenplane.core.routing.prefix_index.PrefixIndex` (``prefix-affinity``, ``weighted``):
 it decides exactly as the router does, and after each routing decision it also queues
-(model, instance, prompt-block chain) for the other replicas
+(model, instance, the blocks of the prompt-block chain that this replica's index did not yet
+hold for that instance: the rest the others learnt before, from this replica or another) for the
+other replicas
 (:meth:`~tokenplane.shared_state.redis_backend.RedisState.publish_routed`). What the other replicas
 publish goes straight into the index (:func:`learn`), not through ``on_routed``, so a router's other
 bookkeeping (loads, cursors) stays this replica's own.
+
+A replica that missed a message (its subscription was down) lacks those blocks: the next turn
+routed there is a miss for it and is published whole again. A received suffix is newer in the LRU
+than its prefix, so under eviction pressure the prefix may go first; the suffix is then dead weight
+until evicted in turn (the index is approximate by design).
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ def prefix_index_of(router: Router) -> PrefixIndex | None:
 class SharedPrefixRouter:
     """A model's router, publishing its routing decisions (see the module docstring)."""
 
-    def __init__(self, inner: Router, model: str, sink: RoutedSink) -> None:
+    def __init__(self, inner: Router, index: PrefixIndex, model: str, sink: RoutedSink) -> None:
         self.inner = inner
+        self.index = index
         self.name = inner.name
         self.model = model
         self.sink = sink
@@ -44,9 +52,11 @@ class SharedPrefixRouter:
         return self.inner.select(request, candidates, now=now)
 
     def on_routed(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
+        chain = request.block_hashes
+        known = self.index.matched_depth(chain, instance_id) if chain else 0
         self.inner.on_routed(request, instance_id, now=now)
-        if request.block_hashes:
-            self.sink.publish_routed(self.model, instance_id, request.block_hashes)
+        if known < len(chain):  # only the blocks the instance did not hold yet are news
+            self.sink.publish_routed(self.model, instance_id, chain[known:])
 
     def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
         self.inner.on_finished(request, instance_id, now=now)

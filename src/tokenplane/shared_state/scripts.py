@@ -5,12 +5,13 @@ Time is Redis's own (``TIME``), so the replicas' clocks need not agree. Window b
 not a cluster: every key of one tenant would need one hash slot there).
 
 ACQUIRE   KEYS: lease set, tenant rpm, tenant tpm, key rpm, key tpm (bases)
-          ARGV: concurrency limit, member, lease ttl s, rpm, tpm, key rpm, key tpm, tokens, window s
+          ARGV: concurrency limit, lease ttl s, rpm, tpm, key rpm, key tpm, window s, member, tokens
+          (what changes per request last, so the rest is encoded once per tenant and key)
           -> {code, wait_ms}: code 0 admitted (charged: one request, ``tokens``, a lease), else the
           1-based index of the check that refused (concurrency, tenant rpm, tenant tpm, key rpm,
           key tpm) and the wait in ms until it would pass.
 RELEASE   KEYS: lease set, tenant tpm, key tpm (bases; an empty name skips)
-          ARGV: member, completion tokens, window s
+          ARGV: window s, member, completion tokens
 RENEW     KEYS: lease sets; ARGV: ttl s, then one member per key: push each lease's expiry out.
 """
 
@@ -26,12 +27,12 @@ if climit > 0 then
     return {1, 1000}
   end
 end
-local w = tonumber(ARGV[9])
+local w = tonumber(ARGV[7])
 local bucket = math.floor(now / w)
 local frac = (now - bucket * w) / w
-local tokens = tonumber(ARGV[8])
+local tokens = tonumber(ARGV[9])
 for i = 2, 5 do
-  local limit = tonumber(ARGV[i + 2])
+  local limit = tonumber(ARGV[i + 1])
   if limit > 0 then
     local cur = tonumber(redis.call('GET', KEYS[i] .. ':' .. bucket) or '0')
     local prev = tonumber(redis.call('GET', KEYS[i] .. ':' .. (bucket - 1)) or '0')
@@ -53,7 +54,7 @@ for i = 2, 5 do
 end
 local ttl = math.floor(w * 2000) + 1000
 for i = 2, 5 do
-  if tonumber(ARGV[i + 2]) > 0 then
+  if tonumber(ARGV[i + 1]) > 0 then
     local inc = 1
     if i == 3 or i == 5 then inc = tokens end
     if inc > 0 then
@@ -64,19 +65,19 @@ for i = 2, 5 do
   end
 end
 if climit > 0 then
-  local lease = tonumber(ARGV[3])
-  redis.call('ZADD', KEYS[1], now + lease, ARGV[2])
+  local lease = tonumber(ARGV[2])
+  redis.call('ZADD', KEYS[1], now + lease, ARGV[8])
   redis.call('PEXPIRE', KEYS[1], math.ceil(lease * 2000))
 end
 return {0, 0}
 """
 
 RELEASE = """
-if KEYS[1] ~= '' then redis.call('ZREM', KEYS[1], ARGV[1]) end
-local tokens = tonumber(ARGV[2])
+if KEYS[1] ~= '' then redis.call('ZREM', KEYS[1], ARGV[2]) end
+local tokens = tonumber(ARGV[3])
 if tokens > 0 then
   local t = redis.call('TIME')
-  local w = tonumber(ARGV[3])
+  local w = tonumber(ARGV[1])
   local bucket = math.floor((tonumber(t[1]) + tonumber(t[2]) / 1000000) / w)
   local ttl = math.floor(w * 2000) + 1000
   for i = 2, 3 do
