@@ -323,6 +323,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             {
                 "memory3_over_memory1_cpu": ratio("memory-3", "memory-1"),
                 "redis1_over_memory1_cpu": ratio("redis-1", "memory-1"),
+                "redis3_over_memory3_cpu": ratio("redis-3", "memory-3"),
             }
             if args.diagnose
             else {}
@@ -355,7 +356,7 @@ def _table(res: dict[str, Any]) -> str:
     lines.append(
         f"redis-3 / memory-1 CPU per request (median of per-round ratios): {s['redis3_over_memory1_cpu']}"
     )
-    for key in ("memory3_over_memory1_cpu", "redis1_over_memory1_cpu"):
+    for key in ("memory3_over_memory1_cpu", "redis1_over_memory1_cpu", "redis3_over_memory3_cpu"):
         if key in s:
             lines.append(f"{key}: {s[key]}")
     if s["workers2_over_workers1_cpu"] is not None:

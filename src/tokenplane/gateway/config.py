@@ -339,8 +339,10 @@ class StateConfig(_Strict):
     lease_ttl_s: float = Field(10.0, gt=0)
     """A concurrency slot's lease; renewed every third of it while the request runs, so a killed
     replica's slots are free again within this time."""
-    sync_interval_s: float = Field(0.02, gt=0)
-    """How often routing observations are published to the other replicas."""
+    sync_interval_s: float = Field(0.1, gt=0)
+    """How often routing observations are published to the other replicas (in one message). A
+    turn is published when it is routed, so only a next turn sent less than this after the
+    previous one was routed can miss it."""
     retry_connect_s: float = Field(0.5, gt=0)
     """While Redis is down, how often the replica tries it again."""
 

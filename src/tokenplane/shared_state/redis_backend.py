@@ -16,9 +16,10 @@ What is shared, and how fresh each replica's view is:
   cooldown. A half-open probe's verdict is shared the same way (a success closes the breaker
   everywhere, a failure reopens it everywhere).
 * The approximate prefix index: each routing decision (model, instance, prompt-block chain) is
-  published in batches every ``sync_interval_s`` (20 ms by default) and inserted into the other
-  replicas' indexes, so the next turn of a conversation finds its instance through any replica
-  (stale by at most one batch plus pub/sub delivery, against seconds between turns).
+  published in batches every ``sync_interval_s`` (100 ms by default) and inserted into the other
+  replicas' indexes, so the next turn of a conversation finds its instance through any replica.
+  A turn is published when it is routed, before its answer: the next turn, sent after that answer,
+  misses it only if the answer came back within one batch plus pub/sub delivery.
 
 Failure semantics: a Redis call that fails or takes longer than ``timeout_s`` marks the backend
 down (``tokenplane_state_backend_up`` 0, one warning in the log, and
