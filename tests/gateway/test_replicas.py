@@ -290,3 +290,44 @@ async def test_redis_down_requests_flow_on_local_state_and_converge_after(
 
 async def _is_up(up: Callable[[Any], Awaitable[float]], gw: Any) -> bool:
     return await up(gw) == 1.0
+
+
+async def test_the_retry_budget_is_the_fleets_not_each_replicas(
+    upstreams: Any, replicas: Any, key_prefix: str
+) -> None:
+    """Every instance failing: retries across three replicas stay within one budget (its floor of
+    ``min_per_s`` x ``window_s`` retries), not three."""
+    ups = await upstreams(2)
+    for u in ups:
+        u.mode = "fail"
+    floor = 1.0 * 10.0  # min_per_s x window_s: 10 retries in the window for the whole fleet
+    gws = await replicas(
+        3,
+        ups,
+        url=SHARED_URL,
+        prefix=key_prefix,
+        state={"sync_interval_s": 0.05},
+        router="round-robin",
+        health={"interval_s": 60, "failures_to_down": 1000},
+        breaker={"consecutive_failures": 1000, "min_requests": 1000},
+        retry={
+            "budget_ratio": 0.0,
+            "min_per_s": 1.0,
+            "window_s": 10.0,
+            "min_tokens_per_s": 1e9,
+            "max_attempts": 2,  # one retry, always to the other instance
+            "backoff_base_s": 0.0,
+        },
+    )
+    n = 30
+    for i in range(n):
+        status, _, _ = await chat(gws[i % 3], f"f{i}")
+        assert status in (502, 503)
+        await asyncio.sleep(0.03)
+    retries = sum(len(u.requests) for u in ups) - n
+    print(
+        f"\nretries across 3 replicas: {retries} (one budget: {floor:.0f}; one per replica: {3 * floor:.0f})"
+    )
+    # the budget's floor, plus what the others spend within one sync period before a replica hears
+    assert retries <= floor + 5
+    assert retries >= floor  # the budget was used, not refused outright

@@ -145,3 +145,29 @@ async def test_breaker_and_routing_messages_reach_the_other_replicas(key_prefix:
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_windowed_counters_add_up_across_replicas_and_fall_back_to_local(
+    key_prefix: str,
+) -> None:
+    a = replica(SHARED_URL, key_prefix, sync_interval_s=0.02)
+    b = replica(SHARED_URL, key_prefix, sync_interval_s=0.02)
+    ca, cb = a.counters("retry", 10.0), b.counters("retry", 10.0)
+    await a.start()
+    await b.start()
+    try:
+        now = 100.0  # each replica's own clock: only its own entries are timed by it
+        ca.add("retry:first", 3, now=now)
+        cb.add("retry:first", 4, now=now)
+        assert cb.get("retry:first", now=now) == 4  # its own at once
+        for _ in range(100):
+            if ca.get("retry:first", now=now) == 7 and cb.get("retry:first", now=now) == 7:
+                break
+            await asyncio.sleep(0.02)
+        assert ca.get("retry:first", now=now) == 7 and cb.get("retry:first", now=now) == 7
+        a._fail("test", OSError("pretend Redis went away"))
+        assert ca.get("retry:first", now=now) == 3  # on its own numbers
+        assert cb.get("retry:first", now=now + 11) == 3  # its own entries left its window, a's not yet
+    finally:
+        await a.stop()
+        await b.stop()

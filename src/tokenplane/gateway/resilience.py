@@ -38,6 +38,7 @@ from tokenplane.core.breaker import (
 )
 from tokenplane.core.outcomes import AttemptOutcome
 from tokenplane.core.retry_budget import RetryBudget, RetryPlan, RetryPolicy, attempts
+from tokenplane.core.state_store import CounterStore
 from tokenplane.core.views import InstanceId, InstanceView, RequestInfo
 from tokenplane.gateway.resilience_config import BreakerParams, RetryConfig
 
@@ -90,10 +91,12 @@ class Resilience:
         breaker: BreakerParams,
         registry: CollectorRegistry,
         instances: Callable[[], Iterable[str]],
+        budget_store: CounterStore | None = None,
     ) -> None:
         self.retry = retry
         self.board = BreakerBoard(breaker.build())
-        self.budget = RetryBudget.from_params(retry.budget_params())
+        # several replicas: a store they share, so the budget is the fleet's (the formula for one)
+        self.budget = RetryBudget.from_params(retry.budget_params(), store=budget_store)
         self.policy = RetryPolicy.from_params(retry.policy_params())
         self.peers: BreakerPeers | None = None
         self._transitions = Counter(

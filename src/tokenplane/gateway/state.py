@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 import aiohttp
 from yarl import URL
 
+from tokenplane.core.admission import DEFAULT_WINDOW_S as ADMISSION_WINDOW_S
 from tokenplane.core.admission import AdmissionQueue
 from tokenplane.core.breaker import BreakerState
 from tokenplane.core.routing.prefix_index import PrefixIndex
@@ -82,8 +83,13 @@ class Gateway:
         self.workflows = Workflows(config.ledger, CostModel(config.ledger, served), self.economics)
         self.ledger_on = config.ledger.enabled
         self.tracing: Tracing | None = Tracing.from_config(config.tracing)  # None: each trace is NULL_TRACE
+        shared = RedisState(config.state, self.metrics.registry) if config.state.backend == "redis" else None
         self.resilience = Resilience(
-            config.retry, config.breaker, self.metrics.registry, lambda: (u.id for u in self.pool)
+            config.retry,
+            config.breaker,
+            self.metrics.registry,
+            lambda: (u.id for u in self.pool),
+            budget_store=None if shared is None else shared.counters("retry", config.retry.window_s),
         )
         self.admission: dict[str, PoolAdmission] = {}
         adm_metrics = self.admission_metrics = AdmissionMetrics(self.metrics.registry, lambda: self.admission)
@@ -97,10 +103,15 @@ class Gateway:
             self.metrics.registry.register(
                 WorkingSetCollector(self.working_set, self._working_set_budgets, time.monotonic)
             )
+        fair_window = float(config.admission.queue.get("window_s", ADMISSION_WINDOW_S))
         for m in self.catalog.models:
             self.admission[m.name] = PoolAdmission(
                 m.name,
-                AdmissionQueue.from_params(config.admission.queue, pool=m.name),
+                AdmissionQueue.from_params(
+                    config.admission.queue,
+                    pool=m.name,
+                    store=None if shared is None else shared.counters(f"admission:{m.name}", fair_window),
+                ),
                 LoadShedder.from_params(config.admission.shedding),
                 self._capacity_of(m.name),
                 adm_metrics,
@@ -115,8 +126,8 @@ class Gateway:
         self.session: aiohttp.ClientSession | None = None
         self.shared: RedisState | None = None
         self._shared_indexes: dict[str, PrefixIndex] = {}
-        if config.state.backend == "redis":
-            self._share(RedisState(config.state, self.metrics.registry))
+        if shared is not None:
+            self._share(shared)
         # the general transport is aiohttp's session, made at start (it needs a running loop)
         self.transports = Transports(_NotStarted(), None)
 

@@ -11,6 +11,8 @@ What is shared, and how fresh each replica's view is:
 * Concurrency slots are leases (a sorted set scored by expiry), renewed every third of
   ``lease_ttl_s`` while their requests run: a replica killed with requests in flight frees its
   slots within ``lease_ttl_s`` (10 s by default), never leaking them.
+* The retry budget's and the admission queue's windowed counters
+  (:mod:`~tokenplane.shared_state.counters`): read from memory, synced every ``sync_interval_s``.
 * Breaker transitions: a replica that opens an instance's breaker publishes it; every other
   replica opens its own at once (pub/sub, milliseconds; well within one second) for the same
   cooldown. A half-open probe's verdict is shared the same way (a success closes the breaker
@@ -50,6 +52,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from tokenplane.gateway.config import StateConfig
+from tokenplane.shared_state.counters import SyncedCounterStore
 from tokenplane.shared_state.errors import BackendUnavailable
 from tokenplane.shared_state.quotas import (
     ADMITTED,
@@ -61,7 +64,7 @@ from tokenplane.shared_state.quotas import (
     TenantQuota,
 )
 from tokenplane.shared_state.resp import RespConnection
-from tokenplane.shared_state.scripts import ACQUIRE, RELEASE, RENEW
+from tokenplane.shared_state.scripts import ACQUIRE, RELEASE, RENEW, SYNC
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +123,8 @@ class RedisState:
         )
         self.lean = RespConnection(config.url, config.timeout_s, scripts=(ACQUIRE, RELEASE))
         self._renew = self.client.register_script(RENEW)
+        self._sync = self.client.register_script(SYNC)
+        self._counters: list[SyncedCounterStore] = []
         self._leases: dict[str, str] = {}  # member -> lease set, for requests holding a slot
         self._encoded: dict[tuple[TenantQuota, str], tuple[bytes, bytes]] = {}
         self._routed: list[tuple[str, str, list[int]]] = []
@@ -134,7 +139,11 @@ class RedisState:
             await self.client.ping()
         except _FAILURES as exc:
             self._fail("start", exc)
-        self._tasks = [asyncio.create_task(self._renew_loop()), asyncio.create_task(self._listen())]
+        self._tasks = [
+            asyncio.create_task(self._renew_loop()),
+            asyncio.create_task(self._listen()),
+            asyncio.create_task(self._sync_loop()),
+        ]
 
     async def stop(self) -> None:
         tasks = [*self._tasks, *self._background]
@@ -156,6 +165,8 @@ class RedisState:
             return
         self.up = False
         self.lean.close()
+        for store in self._counters:
+            store.isolate()
         self.metrics.up.set(0)
         log.warning(
             "shared state: Redis at %s unavailable (%s: %s); running on local state until it answers",
@@ -252,6 +263,32 @@ class RedisState:
                 )
             except _FAILURES as exc:
                 self._fail("renew", exc)
+
+    # -- windowed counters (retry budget, admission fairness) ------------------------------------
+    def counters(self, name: str, window_s: float) -> SyncedCounterStore:
+        """A counter store shared with the other replicas, synced every ``sync_interval_s``."""
+        store = SyncedCounterStore(name, window_s)
+        self._counters.append(store)
+        return store
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.sync_interval_s)
+            if not self.up:
+                continue
+            for store in self._counters:
+                keys, deltas = store.take_pending()
+                if not keys:
+                    continue
+                base = f"{self.prefix}ctr:{store.name}:"
+                try:
+                    others = await self._sync(
+                        keys=[base + k for k in keys], args=[self.replica_id, store.window_s, *deltas]
+                    )
+                except _FAILURES as exc:
+                    self._fail("sync", exc)
+                    break
+                store.merge(keys, [float(x) for x in others])
 
     # -- breakers and routing, shared by pub/sub --------------------------------------------------
     def publish_breaker(self, instance_id: str, state: str, cooldown_s: float) -> None:

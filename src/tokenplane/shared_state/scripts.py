@@ -101,3 +101,33 @@ for i = 1, #KEYS do
 end
 return #KEYS
 """
+
+SYNC = """
+local t = redis.call('TIME')
+local now = tonumber(t[1])
+local me = ARGV[1]
+local window = tonumber(ARGV[2])
+local ttl = math.ceil((window + 2) * 1000)
+local span = math.ceil(window)
+local out = {}
+for i = 1, #KEYS do
+  local delta = tonumber(ARGV[i + 2])
+  if delta ~= 0 then
+    local k = KEYS[i] .. ':' .. now
+    redis.call('HINCRBYFLOAT', k, me, delta)
+    redis.call('PEXPIRE', k, ttl)
+  end
+  local others = 0
+  for b = now - span + 1, now do
+    local fields = redis.call('HGETALL', KEYS[i] .. ':' .. b)
+    for j = 1, #fields, 2 do
+      if fields[j] ~= me then others = others + tonumber(fields[j + 1]) end
+    end
+  end
+  out[i] = tostring(others)
+end
+return out
+"""
+"""SYNC      KEYS: counter bases; ARGV: replica id, window s, then this replica's delta per key
+          since its last sync -> per key, the other replicas' sum over the last ``window`` whole
+          seconds (one hash per key and second, a field per replica)."""
