@@ -331,3 +331,73 @@ async def test_the_retry_budget_is_the_fleets_not_each_replicas(
     # the budget's floor, plus what the others spend within one sync period before a replica hears
     assert retries <= floor + 5
     assert retries >= floor  # the budget was used, not refused outright
+
+
+async def test_a_killed_replicas_slots_come_back_within_the_lease(
+    upstreams: Any, replicas: Any, key_prefix: str, names: Any, tmp_path: Path, wait: Any
+) -> None:
+    """A replica (a real ``tokenplane serve`` process) is SIGKILLed holding the tenant's every
+    slot: its clients see a connection error, and the other replica admits again once the leases
+    expire (``lease_ttl_s``), not never."""
+    import os
+    import signal
+    import subprocess
+
+    import aiohttp
+    import yaml
+    from redis_server import free_port
+
+    ups = await upstreams(1)
+    ups[0].answer_delay_s = 30.0
+    state = {"backend": "redis", "url": SHARED_URL, "key_prefix": key_prefix, "lease_ttl_s": 1.0}
+    config = names.gateway_config(ups, tenants=tenants(max_concurrency=2), state=state)
+    port = free_port()
+    config["listen"] = {"host": "127.0.0.1", "port": port}
+    path = tmp_path / "replica.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen([sys.executable, "-m", "tokenplane", "serve", str(path)])
+    other = (await replicas(1, ups, url=SHARED_URL, prefix=key_prefix, tenants=tenants(max_concurrency=2)))[0]
+    body = {"model": "llama-3-8b", "messages": [{"role": "user", "content": "long"}]}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def healthy() -> bool:
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/health") as r:
+                        return r.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            await wait(healthy, timeout_s=30.0)
+
+            async def held() -> int:
+                async with http.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=headers
+                ) as r:
+                    return r.status
+
+            doomed = [asyncio.create_task(held()) for _ in range(2)]
+            await wait(lambda: _true(len(ups[0].requests) >= 2), timeout_s=10.0)
+            status, err, _ = await chat(other, "refused while the slots are held")
+            assert status == 429 and err["error"]["code"] == "concurrency_limit_exceeded"
+            ups[0].answer_delay_s = 0.0
+            os.kill(proc.pid, signal.SIGKILL)
+            killed_at = asyncio.get_running_loop().time()
+            outcomes = await asyncio.gather(*doomed, return_exceptions=True)
+            assert all(isinstance(o, aiohttp.ClientError) for o in outcomes)  # an error, never an answer
+
+            async def admitted() -> bool:
+                return (await chat(other, "after the kill"))[0] == 200
+
+            await wait(admitted, timeout_s=3.0)
+            healed_s = asyncio.get_running_loop().time() - killed_at
+            print(f"\nslots back {healed_s:.2f} s after the SIGKILL (lease_ttl_s 1.0)")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+async def _true(value: bool) -> bool:
+    return value

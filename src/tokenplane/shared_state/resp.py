@@ -43,6 +43,8 @@ class _Protocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.owner._proto is not self:  # a connection given up on: its replies match nothing
+            return
         reader = self.reader
         reader.feed(data)
         waiters = self.owner.waiters
