@@ -285,6 +285,20 @@ def top(
     run_top(gateway, interval, once)
 
 
+@app.command("replicas-demo")
+def replicas_demo(
+    replicas: Annotated[int, typer.Option(min=1, help="Gateway replicas.")] = 2,
+    seconds: Annotated[float, typer.Option(min=0.5, help="How long to drive requests.")] = 5.0,
+    redis: Annotated[str, typer.Option(help="The Redis the replicas share.")] = "redis://127.0.0.1:6379/0",
+) -> None:
+    """Several gateway replicas on one Redis: a tenant's limits hold across all of them."""
+    import asyncio
+
+    from tokenplane.shared_state.demo import report, run_demo
+
+    typer.echo(report(asyncio.run(run_demo(replicas=replicas, seconds=seconds, redis_url=redis))))
+
+
 @app.command("example-scenario")
 def example_scenario() -> None:
     """Print the embedded default scenario, a starting point for your own."""

@@ -79,6 +79,12 @@ class BreakerReason(StrEnum):
     PROBE_SUCCEEDED = "probe_succeeded"
     PROBE_FAILED = "probe_failed"
     PROBE_SLOW = "probe_slow"
+    PEER_OPENED = "peer_opened"
+    PEER_CLOSED = "peer_closed"
+
+
+PEER_REASONS = frozenset((BreakerReason.PEER_OPENED, BreakerReason.PEER_CLOSED))
+"""Transitions adopted from another gateway replica (:meth:`BreakerBoard.adopt`), not observed here."""
 
 
 LEGAL_TRANSITIONS: frozenset[tuple[BreakerState, BreakerState]] = frozenset(
@@ -312,6 +318,39 @@ class BreakerBoard:
         b = self._breakers.get(instance_id)
         if b is not None and b.state is BreakerState.HALF_OPEN:
             b.probes_in_flight = max(0, b.probes_in_flight - 1)
+
+    def cooldown_s(self, instance_id: InstanceId) -> float:
+        """The cooldown of the instance's last opening (0 if it never opened)."""
+        b = self._breakers.get(instance_id)
+        return 0.0 if b is None else b.cooldown_s
+
+    def adopt(
+        self, instance_id: InstanceId, to: BreakerState, *, cooldown_s: float, now: float
+    ) -> tuple[BreakerEvent, ...]:
+        """Take another replica's verdict on an instance, so that replicas agree.
+
+        ``OPEN``: that replica opened the breaker (or a probe failed there): open it here for
+        ``cooldown_s`` from ``now`` unless it is already open. ``CLOSED``: a probe succeeded there:
+        close it here (an OPEN breaker passes through HALF_OPEN, so every move stays legal).
+        Reasons ``PEER_OPENED`` / ``PEER_CLOSED``; the shell must not pass them on again.
+        """
+        b = self._breakers.get(instance_id)
+        if b is None:
+            b = self._breakers[instance_id] = _Breaker()
+        events: list[BreakerEvent] = []
+        self._materialise(instance_id, b, now, events)
+        if to is BreakerState.OPEN:
+            if b.state is not BreakerState.OPEN:
+                b.latency_open = False
+                b.opened_at = now
+                b.cooldown_s = max(0.0, cooldown_s)
+                self._move(instance_id, b, BreakerState.OPEN, BreakerReason.PEER_OPENED, now, events)
+        elif to is BreakerState.CLOSED and b.state is not BreakerState.CLOSED:
+            if b.state is BreakerState.OPEN:
+                self._move(instance_id, b, BreakerState.HALF_OPEN, BreakerReason.PEER_CLOSED, now, events)
+            self._move(instance_id, b, BreakerState.CLOSED, BreakerReason.PEER_CLOSED, now, events)
+            b.reopens = 0
+        return tuple(events)
 
     def forget(self, instance_id: InstanceId) -> None:
         b = self._breakers.pop(instance_id, None)

@@ -10,6 +10,8 @@ config does not use is not in the chain:
 4. response cache (when some model caches): a stored answer ends the request here;
 5. fallback (when some model has a chain): move to a smaller or cheaper pool;
 6. tenant limits: workflow hints, the tenant's concurrency bound (429), the request's description;
+   then (when configured) shared quotas: per-minute limits, and with Redis the concurrency bound
+   across replicas (429);
 7. working set (when some model limits it): the KV working-set limit for tasks (429);
 8. deferral (when some tenant may defer): wait for spare capacity, then batch priority;
 9. admission: the pool admits, queues or refuses (429, 503);
@@ -44,6 +46,7 @@ from tokenplane.gateway.stages.forward import Forward
 from tokenplane.gateway.stages.limits import Describer, TenantLimits
 from tokenplane.gateway.stages.parse import Parse
 from tokenplane.gateway.stages.pipeline import Pipeline, Stage
+from tokenplane.gateway.stages.quotas import Quotas, tenant_quotas
 from tokenplane.gateway.stages.respond import Respond
 from tokenplane.gateway.stages.working_set import WorkingSet
 from tokenplane.gateway.state import Gateway
@@ -68,6 +71,9 @@ def build_pipeline(gw: Gateway, extra: Extra | None = None) -> Pipeline:
     if gw.fallbacks is not None:
         stages.append(Fallback(gw.fallbacks, gw.catalog))
     stages.append(TenantLimits(gw.workflows, Describer(gw.kv_events), gw.ledger_on))
+    quotas = tenant_quotas(gw.tenant_configs, shared_concurrency=gw.shared is not None)
+    if quotas:
+        stages.append(Quotas(quotas, gw.shared, gw.metrics.registry))
     if gw.ws_limits:
         stages.append(
             WorkingSet(gw.working_set, gw.ws_limits, gw.kv_capacity, gw.admission_metrics, gw.retry_after)

@@ -28,6 +28,10 @@ Shape (every section but ``models`` and ``instances`` is optional)::
     # or, shared by every replica: ledger: {url: postgresql://user@db:5432/tokenplane,
     #   pool_max_size: 4, buffer_max_writes: 100000, timeout_s: 5}
     tracing: {otlp_endpoint: null, service_name: tokenplane-gateway, sample_ratio: 1.0}
+    state: {backend: memory}    # or {backend: redis, url: redis://127.0.0.1:6379/0, key_prefix: tp:}
+                                # (several replicas share limits, breakers and the prefix index)
+    # per tenant: rpm_limit, tpm_limit (the tenant's total per minute), key_rpm_limit,
+    # key_tpm_limit (each of its API keys per minute); 429 with Retry-After beyond them
 
 API keys are stored hashed (``sha256:`` + hex digest of the raw key, see :func:`hash_key`). An empty
 ``tenants`` list turns authentication off: every caller is the tenant ``default`` (for a laptop
@@ -134,6 +138,20 @@ class TenantConfig(_Strict):
     """Whether ``X-Tokenplane-Priority`` may raise this tenant's class (it may always lower it)."""
     allow_deferrable: bool = False
     """Whether ``X-Tokenplane-Deferrable: true`` may mark this tenant's requests deferrable."""
+    rpm_limit: int | None = Field(None, ge=1)
+    """Requests per minute for the whole tenant (every key, every replica); 429 beyond it."""
+    tpm_limit: int | None = Field(None, ge=1)
+    """Tokens (prompt + completion) per minute for the whole tenant; 429 once spent."""
+    key_rpm_limit: int | None = Field(None, ge=1)
+    """Requests per minute for each of the tenant's API keys."""
+    key_tpm_limit: int | None = Field(None, ge=1)
+    """Tokens per minute for each of the tenant's API keys."""
+
+    @property
+    def has_rate_limits(self) -> bool:
+        return any(
+            v is not None for v in (self.rpm_limit, self.tpm_limit, self.key_rpm_limit, self.key_tpm_limit)
+        )
 
     @field_validator("api_keys")
     @classmethod
@@ -332,6 +350,36 @@ class TracingConfig(_Strict):
     sample_ratio: float = Field(1.0, ge=0, le=1)
 
 
+class StateConfig(_Strict):
+    """Where replicas keep what they must agree on (:mod:`tokenplane.shared_state`).
+
+    ``memory``: this process only (one replica). ``redis``: tenant concurrency and rate limits,
+    breaker transitions and the prefix index are shared through the Redis at ``url``, under
+    ``key_prefix``; on a Redis failure the replica goes on with its local state (fail open)."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = Field("tokenplane:", min_length=1)
+    timeout_s: float = Field(0.25, gt=0)
+    """A Redis call slower than this counts as a failure: the request goes on with local state."""
+    lease_ttl_s: float = Field(10.0, gt=0)
+    """A concurrency slot's lease; renewed every third of it while the request runs, so a killed
+    replica's slots are free again within this time."""
+    sync_interval_s: float = Field(0.1, gt=0)
+    """How often routing observations are published to the other replicas (in one message). A
+    turn is published when it is routed, so only a next turn sent less than this after the
+    previous one was routed can miss it."""
+    retry_connect_s: float = Field(0.5, gt=0)
+    """While Redis is down, how often the replica tries it again."""
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, url: str) -> str:
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return url
+
+
 class GatewayConfig(_Strict):
     listen: ListenConfig = ListenConfig()
     limits: LimitsConfig = LimitsConfig()
@@ -346,6 +394,7 @@ class GatewayConfig(_Strict):
     autoscaling: AutoscalingConfig | None = None
     ledger: LedgerConfig = LedgerConfig()
     tracing: TracingConfig = TracingConfig()
+    state: StateConfig = StateConfig()
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

@@ -13,6 +13,7 @@ Hierarchy::
     ├── RouteNotFound                 404 / 405 unknown path or method
     ├── Refused                       429 / 503, with Retry-After
     │   ├── TenantConcurrencyExceeded 429 the tenant has max_concurrency requests in flight
+    │   ├── TenantRateLimited         429 a requests- or tokens-per-minute limit is spent
     │   ├── TenantOverShare           429 admission: the tenant's queue or in-flight share is full
     │   ├── KvWorkingSetFull          429 a new task while the tasks in progress fill the KV cache
     │   ├── PoolSaturated             503 admission: queue full, shed, or expired while queued
@@ -117,6 +118,14 @@ class TenantConcurrencyExceeded(Refused):
     status = 429
     type = "rate_limit_error"
     default_code = "concurrency_limit_exceeded"
+
+
+class TenantRateLimited(Refused):
+    """A tenant's or an API key's requests- or tokens-per-minute limit is spent."""
+
+    status = 429
+    type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
 
 
 class TenantOverShare(Refused):

@@ -22,14 +22,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tokenplane.core.breaker import BreakerBoard, BreakerEvent, BreakerState, filter_allowed
+from tokenplane.core.breaker import (
+    PEER_REASONS,
+    BreakerBoard,
+    BreakerEvent,
+    BreakerReason,
+    BreakerState,
+    filter_allowed,
+)
 from tokenplane.core.outcomes import AttemptOutcome
 from tokenplane.core.retry_budget import RetryBudget, RetryPlan, RetryPolicy, attempts
+from tokenplane.core.state_store import CounterStore
 from tokenplane.core.views import InstanceId, InstanceView, RequestInfo
 from tokenplane.gateway.resilience_config import BreakerParams, RetryConfig
 
@@ -66,6 +75,13 @@ class _Collector(Collector):
         yield tok
 
 
+class BreakerPeers(Protocol):
+    """Where this replica's breaker transitions go so the other replicas adopt them
+    (:class:`~tokenplane.shared_state.redis_backend.RedisState`)."""
+
+    def publish_breaker(self, instance_id: str, state: str, cooldown_s: float) -> None: ...
+
+
 class Resilience:
     """Breakers and the retry budget for one gateway (instance ids are unique across models)."""
 
@@ -75,11 +91,14 @@ class Resilience:
         breaker: BreakerParams,
         registry: CollectorRegistry,
         instances: Callable[[], Iterable[str]],
+        budget_store: CounterStore | None = None,
     ) -> None:
         self.retry = retry
         self.board = BreakerBoard(breaker.build())
-        self.budget = RetryBudget.from_params(retry.budget_params())
+        # several replicas: a store they share, so the budget is the fleet's (the formula for one)
+        self.budget = RetryBudget.from_params(retry.budget_params(), store=budget_store)
         self.policy = RetryPolicy.from_params(retry.policy_params())
+        self.peers: BreakerPeers | None = None
         self._transitions = Counter(
             "tokenplane_breaker_transitions",
             "Circuit breaker transitions by instance and reason",
@@ -143,8 +162,22 @@ class Resilience:
     def state(self, instance_id: InstanceId, now: float) -> BreakerState:
         return self.board.state(instance_id, now=now)
 
+    def adopt(self, instance_id: InstanceId, state: str, cooldown_s: float, now: float) -> None:
+        """Another replica opened (``"open"``) or closed (``"closed"``) this instance's breaker."""
+        to = BreakerState.OPEN if state == "open" else BreakerState.CLOSED
+        events = self.board.adopt(instance_id, to, cooldown_s=cooldown_s, now=now)
+        if events:
+            self._record(events)
+
     def _record(self, events: Sequence[BreakerEvent]) -> None:
+        peers = self.peers
         for e in events:
             labels = (e.instance_id, e.from_state.value, e.to_state.value, e.reason.value)
             self._transitions.labels(*labels).inc()
             log.info("breaker %s: %s -> %s (%s)", *labels)
+            if peers is None or e.reason in PEER_REASONS:
+                continue
+            if e.to_state is BreakerState.OPEN:
+                peers.publish_breaker(e.instance_id, "open", self.board.cooldown_s(e.instance_id))
+            elif e.reason is BreakerReason.PROBE_SUCCEEDED:
+                peers.publish_breaker(e.instance_id, "closed", 0.0)

@@ -13,13 +13,15 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 from yarl import URL
 
+from tokenplane.core.admission import DEFAULT_WINDOW_S as ADMISSION_WINDOW_S
 from tokenplane.core.admission import AdmissionQueue
 from tokenplane.core.breaker import BreakerState
+from tokenplane.core.routing.prefix_index import PrefixIndex
 from tokenplane.core.shedding import LoadShedder
 from tokenplane.core.task_admission import KvWorkingSetLimit, fleet_kv_capacity_tokens
 from tokenplane.gateway.admission import AdmissionMetrics, PoolAdmission
@@ -41,6 +43,8 @@ from tokenplane.gateway.transports.httptools_client import HttptoolsTransport, U
 from tokenplane.gateway.upstreams import Upstream, UpstreamPool
 from tokenplane.gateway.workflows import Workflows
 from tokenplane.gateway.working_set import InMemoryWorkingSet, WorkingSetCollector, WorkingSetStore
+from tokenplane.shared_state.redis_backend import RedisState
+from tokenplane.shared_state.routing import SharedPrefixRouter, learn, prefix_index_of
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +73,7 @@ class Gateway:
     def __init__(self, config: GatewayConfig, *, rng: random.Random | None = None) -> None:
         self.limits: LimitsConfig = config.limits
         self.auth = Authenticator(config.tenants)
+        self.tenant_configs = config.tenants
         self.catalog = ModelCatalog(config.models, rng or random.Random())
         self.pool = UpstreamPool(config.instances, config.scrape, config.health, on_down=self._forget)
         self.metrics = GatewayMetrics(self.pool.all)
@@ -80,8 +85,13 @@ class Gateway:
         )
         self.ledger_on = config.ledger.enabled
         self.tracing: Tracing | None = Tracing.from_config(config.tracing)  # None: each trace is NULL_TRACE
+        shared = RedisState(config.state, self.metrics.registry) if config.state.backend == "redis" else None
         self.resilience = Resilience(
-            config.retry, config.breaker, self.metrics.registry, lambda: (u.id for u in self.pool)
+            config.retry,
+            config.breaker,
+            self.metrics.registry,
+            lambda: (u.id for u in self.pool),
+            budget_store=None if shared is None else shared.counters("retry", config.retry.window_s),
         )
         self.admission: dict[str, PoolAdmission] = {}
         adm_metrics = self.admission_metrics = AdmissionMetrics(self.metrics.registry, lambda: self.admission)
@@ -95,10 +105,15 @@ class Gateway:
             self.metrics.registry.register(
                 WorkingSetCollector(self.working_set, self._working_set_budgets, time.monotonic)
             )
+        fair_window = float(config.admission.queue.get("window_s", ADMISSION_WINDOW_S))
         for m in self.catalog.models:
             self.admission[m.name] = PoolAdmission(
                 m.name,
-                AdmissionQueue.from_params(config.admission.queue, pool=m.name),
+                AdmissionQueue.from_params(
+                    config.admission.queue,
+                    pool=m.name,
+                    store=None if shared is None else shared.counters(f"admission:{m.name}", fair_window),
+                ),
                 LoadShedder.from_params(config.admission.shedding),
                 self._capacity_of(m.name),
                 adm_metrics,
@@ -111,6 +126,10 @@ class Gateway:
         kv_sources = sources_from_instances(config.instances)
         self.kv_events: KvEventsSubscriber | None = KvEventsSubscriber(kv_sources) if kv_sources else None
         self.session: aiohttp.ClientSession | None = None
+        self.shared: RedisState | None = None
+        self._shared_indexes: dict[str, PrefixIndex] = {}
+        if shared is not None:
+            self._share(shared)
         # the general transport is aiohttp's session, made at start (it needs a running loop)
         self.transports = Transports(_NotStarted(), None)
 
@@ -139,6 +158,27 @@ class Gateway:
         if self.defer_allowed:
             self.deferral = {m.name: DeferralRoom(self.admission[m.name], m.deferral) for m in config.models}
 
+    def _share(self, shared: RedisState) -> None:
+        """Several replicas: breaker transitions and routing decisions go to the others, and
+        theirs come here (:mod:`tokenplane.shared_state.redis_backend`)."""
+        self.shared = shared
+        self.resilience.peers = shared
+        shared.on_breaker = self._adopt_breaker
+        for m in self.catalog.models:
+            index = prefix_index_of(m.router)
+            if index is not None:
+                self._shared_indexes[m.name] = index
+                m.router = SharedPrefixRouter(m.router, index, m.name, shared)
+        shared.on_prefix = self._learn_routed
+
+    def _adopt_breaker(self, instance_id: str, state: str, cooldown_s: float) -> None:
+        self.resilience.adopt(instance_id, state, cooldown_s, time.monotonic())
+
+    def _learn_routed(self, model: str, instance_id: str, block_hashes: Sequence[int]) -> None:
+        index = self._shared_indexes.get(model)
+        if index is not None:
+            learn(index, instance_id, block_hashes, time.monotonic())
+
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(
@@ -166,6 +206,8 @@ class Gateway:
         if self.kv_events is not None:
             await self.kv_events.start()
         self._housekeeping = asyncio.create_task(self._housekeep())
+        if self.shared is not None:
+            await self.shared.start()
         if self.ledger_on:
             await self.workflows.start()
 
@@ -177,6 +219,8 @@ class Gateway:
             self._housekeeping = None
         if self.kv_events is not None:
             await self.kv_events.stop()
+        if self.shared is not None:
+            await self.shared.stop()
         await self.pool.stop()
         client = self.upstream_client
         if client is not None:

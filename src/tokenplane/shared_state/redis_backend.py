@@ -1,0 +1,356 @@
+"""The ``redis`` state backend: what several gateway replicas must agree on, kept in one Redis.
+
+What is shared, and how fresh each replica's view is:
+
+* Tenant concurrency (``max_concurrency``, global across replicas) and the per-minute request and
+  token limits (:mod:`~tokenplane.shared_state.quotas`): decided by one Lua script per request
+  (:data:`~tokenplane.shared_state.scripts.ACQUIRE`), exact, no staleness. It is the request path's
+  only round trip to Redis, on a pipelined connection of its own
+  (:mod:`~tokenplane.shared_state.resp`); a request's end (lease freed, completion tokens charged)
+  is written with the next commands and its reply is not awaited.
+* Concurrency slots are leases (a sorted set scored by expiry), renewed every third of
+  ``lease_ttl_s`` while their requests run: a replica killed with requests in flight frees its
+  slots within ``lease_ttl_s`` (10 s by default), never leaking them.
+* The retry budget's and the admission queue's windowed counters
+  (:mod:`~tokenplane.shared_state.counters`): read from memory, synced every ``sync_interval_s``.
+* Breaker transitions: a replica that opens an instance's breaker publishes it; every other
+  replica opens its own at once (pub/sub, milliseconds; well within one second) for the same
+  cooldown. A half-open probe's verdict is shared the same way (a success closes the breaker
+  everywhere, a failure reopens it everywhere).
+* The approximate prefix index: each routing decision (model, instance, prompt-block chain) is
+  published in batches every ``sync_interval_s`` (100 ms by default) and inserted into the other
+  replicas' indexes, so the next turn of a conversation finds its instance through any replica.
+  A turn is published when it is routed, before its answer: the next turn, sent after that answer,
+  misses it only if the answer came back within one batch plus pub/sub delivery.
+
+Failure semantics: a Redis call that fails or takes longer than ``timeout_s`` marks the backend
+down (``tokenplane_state_backend_up`` 0, one warning in the log, and
+``tokenplane_state_fail_open_total{operation}`` per call that fell back). Requests then flow on
+local state: each replica's own ``max_concurrency`` and its own per-minute buckets (so the fleet
+may admit up to replicas × each limit). The replica pings Redis every ``retry_connect_s``; once it
+answers, new requests use it again (``up`` 1, one log line). Requests admitted while it was down
+hold no lease there and do not count against the shared concurrency limit until they end. Breaker
+and prefix messages published while a replica's subscription was down are lost to it: its own
+breakers still open on its own failures, and the prefix index converges as turns are routed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from tokenplane.gateway.config import StateConfig
+from tokenplane.shared_state.counters import SyncedCounterStore
+from tokenplane.shared_state.errors import BackendUnavailable
+from tokenplane.shared_state.quotas import (
+    ADMITTED,
+    CHECK_ORDER,
+    CONCURRENCY_RETRY_AFTER_S,
+    WINDOW_S,
+    LocalQuotas,
+    QuotaDecision,
+    TenantQuota,
+)
+from tokenplane.shared_state.resp import RespConnection
+from tokenplane.shared_state.scripts import ACQUIRE, RELEASE, RENEW, SYNC
+
+log = logging.getLogger(__name__)
+
+MAX_ENCODED = 4096
+_FAILURES = (RedisError, OSError, TimeoutError, BackendUnavailable)
+
+BreakerHandler = Callable[[str, str, float], None]
+"""(instance id, "open" | "closed", cooldown s) from another replica."""
+PrefixHandler = Callable[[str, str, Sequence[int]], None]
+"""(model, instance id, block hashes) routed by another replica."""
+
+
+class StateMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.up = Gauge(
+            "tokenplane_state_backend_up",
+            "1 while the shared state backend (Redis) answers; 0 while this replica runs on local state",
+            registry=registry,
+        )
+        self.up.set(1)
+        self.fail_open = Counter(
+            "tokenplane_state_fail_open",
+            "Operations that fell back to local state because the shared backend was unavailable",
+            ["operation"],
+            registry=registry,
+        )
+        self.peer_events = Counter(
+            "tokenplane_state_peer_events",
+            "Breaker transitions and routing observations received from other replicas",
+            ["kind"],
+            registry=registry,
+        )
+
+
+class RedisState:
+    """One replica's link to the shared Redis (see the module docstring)."""
+
+    def __init__(self, config: StateConfig, registry: CollectorRegistry) -> None:
+        self.config = config
+        self.replica_id = uuid.uuid4().hex[:12]
+        self.prefix = config.key_prefix
+        self.channel = config.key_prefix + "events"
+        self.metrics = StateMetrics(registry)
+        self.local = LocalQuotas()
+        self.up = True
+        self.on_breaker: BreakerHandler | None = None
+        self.on_prefix: PrefixHandler | None = None
+        self.client = aioredis.Redis.from_url(
+            config.url,
+            socket_timeout=config.timeout_s,
+            socket_connect_timeout=config.timeout_s,
+            retry_on_timeout=False,
+            # one immediate retry (a pooled connection Redis closed on restart), then fail open:
+            # the client's default backs off for seconds, which the request path cannot wait
+            retry=Retry(NoBackoff(), 1),
+        )
+        self.lean = RespConnection(config.url, config.timeout_s, scripts=(ACQUIRE, RELEASE))
+        self._renew = self.client.register_script(RENEW)
+        self._sync = self.client.register_script(SYNC)
+        self._counters: list[SyncedCounterStore] = []
+        self._leases: dict[str, str] = {}  # member -> lease set, for requests holding a slot
+        self._encoded: dict[tuple[TenantQuota, str], tuple[bytes, bytes]] = {}
+        self._routed: list[tuple[str, str, list[int]]] = []
+        self._routed_scheduled = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reconnecting: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        try:
+            await self.client.ping()
+        except _FAILURES as exc:
+            self._fail("start", exc)
+        self._tasks = [
+            asyncio.create_task(self._renew_loop()),
+            asyncio.create_task(self._listen()),
+            asyncio.create_task(self._sync_loop()),
+        ]
+
+    async def stop(self) -> None:
+        tasks = [*self._tasks, *self._background]
+        if self._reconnecting is not None:
+            tasks.append(self._reconnecting)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        self.lean.close()
+        await self.client.aclose()
+
+    # -- health ---------------------------------------------------------------------------------
+    def _fail(self, operation: str, exc: BaseException) -> None:
+        self.metrics.fail_open.labels(operation).inc()
+        if not self.up:
+            return
+        self.up = False
+        self.lean.close()
+        for store in self._counters:
+            store.isolate()
+        self.metrics.up.set(0)
+        log.warning(
+            "shared state: Redis at %s unavailable (%s: %s); running on local state until it answers",
+            self.config.url,
+            type(exc).__name__,
+            exc,
+        )
+        if self._reconnecting is None or self._reconnecting.done():
+            self._reconnecting = asyncio.create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        while not self.up:
+            await asyncio.sleep(self.config.retry_connect_s)
+            try:
+                await self.client.ping()
+            except _FAILURES:
+                continue
+            self.up = True
+            self.metrics.up.set(1)
+            log.warning("shared state: Redis at %s answers again; limits are shared again", self.config.url)
+
+    # -- tenant limits --------------------------------------------------------------------------
+    def _key(self, kind: str, name: str) -> str:
+        return f"{self.prefix}{kind}:{name}"
+
+    def _heads(self, quota: TenantQuota, key_id: str) -> tuple[bytes, bytes]:
+        """The tenant's and key's acquire and release commands, encoded but for their last
+        arguments (member, tokens)."""
+        cached = self._encoded.get((quota, key_id))
+        if cached is not None:
+            return cached
+        tenant = quota.tenant
+        keys = [
+            self._key("lease", tenant),
+            self._key("rpm", tenant),
+            self._key("tpm", tenant),
+            self._key("krpm", key_id),
+            self._key("ktpm", key_id),
+        ]
+        limits = (quota.concurrency, self.config.lease_ttl_s, quota.rpm, quota.tpm, quota.key_rpm)
+        acquire = self.lean.prepare(ACQUIRE, keys, [*limits, quota.key_tpm, WINDOW_S], 2)
+        ends = [
+            keys[0] if quota.concurrency else "",
+            keys[2] if quota.tpm else "",
+            keys[4] if quota.key_tpm else "",
+        ]
+        release = self.lean.prepare(RELEASE, ends, [WINDOW_S], 2)
+        if len(self._encoded) >= MAX_ENCODED:
+            self._encoded.clear()
+        cached = self._encoded[(quota, key_id)] = (acquire, release)
+        return cached
+
+    async def acquire(self, quota: TenantQuota, key_id: str, member: str, tokens: int) -> QuotaDecision:
+        """Admit the request under its tenant's shared limits, or refuse with a reason."""
+        if not self.up:
+            self.metrics.fail_open.labels("acquire").inc()
+            return self.local.acquire(quota, key_id, tokens, time.time())
+        head = self._heads(quota, key_id)[0]
+        try:
+            code, wait_ms = await self.lean.run(head, (member.encode(), b"%d" % tokens))
+        except _FAILURES as exc:
+            self._fail("acquire", exc)
+            return self.local.acquire(quota, key_id, tokens, time.time())
+        if code == 0:
+            if quota.concurrency:
+                self._leases[member] = self._key("lease", quota.tenant)
+            return ADMITTED
+        reason = CHECK_ORDER[int(code) - 1]
+        wait = CONCURRENCY_RETRY_AFTER_S if code == 1 else max(1.0, int(wait_ms) / 1000)
+        return QuotaDecision(False, reason, wait)
+
+    def release(self, quota: TenantQuota, key_id: str, member: str, tokens: int, *, shared: bool) -> None:
+        """The request ended: free its lease and charge its completion tokens (written with the
+        next commands, reply not awaited; if the connection is lost first, the lease expires on
+        its own within ``lease_ttl_s``); ``shared`` False: it was admitted on local state."""
+        if not shared:
+            self.local.charge(quota, key_id, tokens, time.time())
+            return
+        held = self._leases.pop(member, None) is not None
+        if not held and not ((quota.tpm or quota.key_tpm) and tokens > 0):
+            return
+        self.lean.send(self._heads(quota, key_id)[1], (member.encode(), b"%d" % tokens))
+
+    async def _renew_loop(self) -> None:
+        period = self.config.lease_ttl_s / 3
+        while True:
+            await asyncio.sleep(period)
+            if not self._leases or not self.up:
+                continue
+            members = list(self._leases.items())
+            try:
+                await self._renew(
+                    keys=[k for _, k in members], args=[self.config.lease_ttl_s, *[m for m, _ in members]]
+                )
+            except _FAILURES as exc:
+                self._fail("renew", exc)
+
+    # -- windowed counters (retry budget, admission fairness) ------------------------------------
+    def counters(self, name: str, window_s: float) -> SyncedCounterStore:
+        """A counter store shared with the other replicas, synced every ``sync_interval_s``."""
+        store = SyncedCounterStore(name, window_s)
+        self._counters.append(store)
+        return store
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.sync_interval_s)
+            if not self.up:
+                continue
+            for store in self._counters:
+                keys, deltas = store.take_pending()
+                if not keys:
+                    continue
+                base = f"{self.prefix}ctr:{store.name}:"
+                try:
+                    others = await self._sync(
+                        keys=[base + k for k in keys], args=[self.replica_id, store.window_s, *deltas]
+                    )
+                except _FAILURES as exc:
+                    self._fail("sync", exc)
+                    break
+                store.merge(keys, [float(x) for x in others])
+
+    # -- breakers and routing, shared by pub/sub --------------------------------------------------
+    def publish_breaker(self, instance_id: str, state: str, cooldown_s: float) -> None:
+        """Tell the other replicas of a breaker transition this replica made (not one it adopted)."""
+        message = msgspec.msgpack.encode(("b", self.replica_id, instance_id, state, cooldown_s))
+        self._spawn(self._publish(message))
+
+    def publish_routed(self, model: str, instance_id: str, block_hashes: Sequence[int]) -> None:
+        """Queue a routing observation; sent with the others every ``sync_interval_s``."""
+        self._routed.append((model, instance_id, list(block_hashes)))
+        if not self._routed_scheduled:
+            self._routed_scheduled = True
+            asyncio.get_running_loop().call_later(self.config.sync_interval_s, self._flush_routed)
+
+    def _flush_routed(self) -> None:
+        self._routed_scheduled = False
+        routed, self._routed = self._routed, []
+        if routed and self.up:
+            self._spawn(self._publish(msgspec.msgpack.encode(("p", self.replica_id, routed))))
+
+    async def _publish(self, message: bytes) -> None:
+        if not self.up:
+            return
+        try:
+            await self.client.publish(self.channel, message)
+        except _FAILURES as exc:
+            self._fail("publish", exc)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _listen(self) -> None:
+        """Receive the other replicas' messages; resubscribe after a failure."""
+        while True:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                while True:
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        self._on_message(message["data"])
+            except _FAILURES as exc:
+                self._fail("subscribe", exc)
+            finally:
+                with contextlib.suppress(*_FAILURES):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(self.config.retry_connect_s)
+
+    def _on_message(self, data: bytes) -> None:
+        try:
+            message = msgspec.msgpack.decode(data)
+        except msgspec.DecodeError:
+            log.warning("shared state: undecodable message on %s", self.channel)
+            return
+        if message[1] == self.replica_id:
+            return
+        if message[0] == "b" and self.on_breaker is not None:
+            self.metrics.peer_events.labels("breaker").inc()
+            self.on_breaker(message[2], message[3], float(message[4]))
+        elif message[0] == "p" and self.on_prefix is not None:
+            self.metrics.peer_events.labels("routed").inc(len(message[2]))
+            for model, instance_id, hashes in message[2]:
+                self.on_prefix(model, instance_id, hashes)

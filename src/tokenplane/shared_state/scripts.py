@@ -1,0 +1,133 @@
+"""The Lua scripts the Redis backend runs: each is one atomic step, so two replicas never race.
+
+Time is Redis's own (``TIME``), so the replicas' clocks need not agree. Window buckets are keys
+``<base>:<minute>`` derived inside the scripts from the base keys they are given (a single Redis,
+not a cluster: every key of one tenant would need one hash slot there).
+
+ACQUIRE   KEYS: lease set, tenant rpm, tenant tpm, key rpm, key tpm (bases)
+          ARGV: concurrency limit, lease ttl s, rpm, tpm, key rpm, key tpm, window s, member, tokens
+          (what changes per request last, so the rest is encoded once per tenant and key)
+          -> {code, wait_ms}: code 0 admitted (charged: one request, ``tokens``, a lease), else the
+          1-based index of the check that refused (concurrency, tenant rpm, tenant tpm, key rpm,
+          key tpm) and the wait in ms until it would pass.
+RELEASE   KEYS: lease set, tenant tpm, key tpm (bases; an empty name skips)
+          ARGV: window s, member, completion tokens
+RENEW     KEYS: lease sets; ARGV: ttl s, then one member per key: push each lease's expiry out.
+"""
+
+from __future__ import annotations
+
+ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local climit = tonumber(ARGV[1])
+if climit > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  if redis.call('ZCARD', KEYS[1]) >= climit then
+    return {1, 1000}
+  end
+end
+local w = tonumber(ARGV[7])
+local bucket = math.floor(now / w)
+local frac = (now - bucket * w) / w
+local tokens = tonumber(ARGV[9])
+for i = 2, 5 do
+  local limit = tonumber(ARGV[i + 1])
+  if limit > 0 then
+    local cur = tonumber(redis.call('GET', KEYS[i] .. ':' .. bucket) or '0')
+    local prev = tonumber(redis.call('GET', KEYS[i] .. ':' .. (bucket - 1)) or '0')
+    local used = prev * (1 - frac) + cur
+    local rpm = (i == 2 or i == 4)
+    if (rpm and used + 1 > limit) or ((not rpm) and used >= limit) then
+      local room = limit - cur - 1
+      local wait
+      if room >= 0 and prev > 0 then
+        wait = ((1 - room / prev) - frac) * w
+      else
+        local need = 1
+        if cur > 0 then need = math.max(0, 1 - (limit - 1) / cur) end
+        wait = (1 - frac) * w + need * w
+      end
+      return {i, math.ceil(math.max(wait, 0) * 1000)}
+    end
+  end
+end
+local ttl = math.floor(w * 2000) + 1000
+for i = 2, 5 do
+  if tonumber(ARGV[i + 1]) > 0 then
+    local inc = 1
+    if i == 3 or i == 5 then inc = tokens end
+    if inc > 0 then
+      local k = KEYS[i] .. ':' .. bucket
+      redis.call('INCRBY', k, inc)
+      redis.call('PEXPIRE', k, ttl)
+    end
+  end
+end
+if climit > 0 then
+  local lease = tonumber(ARGV[2])
+  redis.call('ZADD', KEYS[1], now + lease, ARGV[8])
+  redis.call('PEXPIRE', KEYS[1], math.ceil(lease * 2000))
+end
+return {0, 0}
+"""
+
+RELEASE = """
+if KEYS[1] ~= '' then redis.call('ZREM', KEYS[1], ARGV[2]) end
+local tokens = tonumber(ARGV[3])
+if tokens > 0 then
+  local t = redis.call('TIME')
+  local w = tonumber(ARGV[1])
+  local bucket = math.floor((tonumber(t[1]) + tonumber(t[2]) / 1000000) / w)
+  local ttl = math.floor(w * 2000) + 1000
+  for i = 2, 3 do
+    if KEYS[i] ~= '' then
+      local k = KEYS[i] .. ':' .. bucket
+      redis.call('INCRBY', k, tokens)
+      redis.call('PEXPIRE', k, ttl)
+    end
+  end
+end
+return 0
+"""
+
+RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local lease = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  redis.call('ZADD', KEYS[i], 'XX', now + lease, ARGV[i + 1])
+  redis.call('PEXPIRE', KEYS[i], math.ceil(lease * 2000))
+end
+return #KEYS
+"""
+
+SYNC = """
+local t = redis.call('TIME')
+local now = tonumber(t[1])
+local me = ARGV[1]
+local window = tonumber(ARGV[2])
+local ttl = math.ceil((window + 2) * 1000)
+local span = math.ceil(window)
+local out = {}
+for i = 1, #KEYS do
+  local delta = tonumber(ARGV[i + 2])
+  if delta ~= 0 then
+    local k = KEYS[i] .. ':' .. now
+    redis.call('HINCRBYFLOAT', k, me, delta)
+    redis.call('PEXPIRE', k, ttl)
+  end
+  local others = 0
+  for b = now - span + 1, now do
+    local fields = redis.call('HGETALL', KEYS[i] .. ':' .. b)
+    for j = 1, #fields, 2 do
+      if fields[j] ~= me then others = others + tonumber(fields[j + 1]) end
+    end
+  end
+  out[i] = tostring(others)
+end
+return out
+"""
+"""SYNC      KEYS: counter bases; ARGV: replica id, window s, then this replica's delta per key
+          since its last sync -> per key, the other replicas' sum over the last ``window`` whole
+          seconds (one hash per key and second, a field per replica)."""
