@@ -14,7 +14,9 @@ One configuration for every workload (nothing here is set per workload but the w
 its fleet's model and its SLO): the tokenplane scaler runs with its defaults, and every pool is
 given the same deliberately rough capacity prior (``PRIOR_RPS``), which the scaler must correct
 online. ``static-best`` is found by bisection over fleet sizes (the smallest static fleet whose
-TTFT attainment is at least the target). Every autoscaler starts from ``START_SERVING`` instances.
+TTFT attainment is at least the target); every autoscaler then starts serving with that many
+instances (the fleet a static planner would open with), so that the runs differ in how they follow
+the load, not in how they survive a cold start at t = 0.
 
 Traces come from the configurable traces folder (``--traces``, ``$TOKENPLANE_TRACES``, default
 ``../shared/traces``); a missing one is skipped with a reason. Each scenario is also a file the
@@ -39,7 +41,6 @@ from tokenplane.sim.workloads.traces import traces_dir
 
 SLO_TARGET = 0.95
 PRIOR_RPS = 4.0  # the same rough per-instance prior for every workload: the scaler must learn
-START_SERVING = 2
 LIFECYCLE = {"start_s": 60, "load_gb_per_s": 2.0, "warm_activation_s": 5}
 POOL = {"capacity_rps": PRIOR_RPS, "min_instances": 1}
 
@@ -120,15 +121,15 @@ def scenario_doc(name: str, wl: dict[str, Any], autoscaler: dict[str, Any], seed
 
 
 SCALERS: dict[str, dict[str, Any]] = {
-    "tokenplane": {"name": "tokenplane", "initial_serving": START_SERVING},
+    "tokenplane": {"name": "tokenplane", "initial_serving": 1},
     "hpa": {
         "name": "hpa",
-        "initial_serving": START_SERVING,
+        "initial_serving": 1,  # replaced by the static-best size
         "params": {"target_utilisation": 0.7, "tolerance": 0.1, "stabilisation_s": 300},
     },
     "hpa-kv": {
         "name": "hpa",
-        "initial_serving": START_SERVING,
+        "initial_serving": 1,  # replaced by the static-best size
         "utilisation_metric": "kv_usage",
         "params": {"target_utilisation": 0.5, "tolerance": 0.1, "stabilisation_s": 300},
     },
@@ -211,9 +212,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.write_scenarios:
             write_scenario(Path(args.write_scenarios), name, wl, args.seed)
         row: dict[str, Any] = {}
+        best = static_best(name, wl, args.seed, folder)
         for label, scaler in SCALERS.items():
-            row[label] = run_one(scenario_doc(name, wl, scaler, args.seed), folder)
-        row["static-best"] = static_best(name, wl, args.seed, folder)
+            started = {**scaler, "initial_serving": best["instances"]}
+            row[label] = run_one(scenario_doc(name, wl, started, args.seed), folder)
+        row["static-best"] = best
         row["verdict"] = verdict(row)
         result["workloads"][name] = row
         print(f"{name}: {json.dumps(row)}", file=sys.stderr, flush=True)

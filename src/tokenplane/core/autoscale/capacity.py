@@ -45,6 +45,7 @@ class CapacityEstimate(msgspec.Struct, frozen=True):
     observations: int = 0
     weight: float = 0.0
     prior_weight: float = 0.0
+    ceiling: float | None = None  # the latest saturated measurement (what the pool did at its limit)
 
     def get(self, prior: float, *, bound: float = DEFAULT_BOUND) -> float:
         if self.value is None:
@@ -81,4 +82,5 @@ class CapacityEstimate(msgspec.Struct, frozen=True):
         new_weight = keep * weight + 1.0
         updated = (keep * weight * value + per_instance) / new_weight
         clamped = min(prior * bound, max(prior / bound, updated))
-        return CapacityEstimate(clamped, self.observations + 1, new_weight, keep * pw)
+        ceiling = per_instance if saturated else self.ceiling
+        return CapacityEstimate(clamped, self.observations + 1, new_weight, keep * pw, ceiling)

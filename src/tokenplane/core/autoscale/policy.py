@@ -135,6 +135,7 @@ class ScalerState(msgspec.Struct, frozen=True):
     capacity_tps: CapacityEstimate = CapacityEstimate()
     burst_activation: BurstMemory = BurstMemory()  # rises within warm activation + one interval
     burst_cold: BurstMemory = BurstMemory()  # rises within a cold start + one interval
+    safe_rps: float | None = None  # most req/s per instance served with comfortable latency
 
 
 def _ceil(x: float) -> int:
@@ -183,17 +184,19 @@ class TokenplaneScaler:
         ready = sum(1 for v in signal.serving if v.ready and v.healthy)
         if ready == 0:
             return
-        # Saturated at the observed latency: a queue per instance, full KV caches, or the TTFT SLO
-        # breached with work waiting. Then throughput per instance measures capacity.
+        # Saturated at the observed latency: most ready instances have a queue (a backlog stuck on
+        # a few instances says nothing of the others), KV caches nearly full, or the TTFT SLO
+        # breached while they queue. Then throughput per instance measures capacity.
+        queueing = sum(1 for v in signal.serving if v.ready and v.healthy and v.waiting > 0)
         slo_breach = (
             spec.ttft_slo_s is not None
             and signal.ttft_p90_s is not None
             and signal.ttft_p90_s > spec.ttft_slo_s
         )
         saturated = (
-            signal.backlog >= ready
+            (2 * queueing >= ready and signal.backlog >= ready)
             or signal.mean_kv_usage >= DEFAULT_KV_SATURATED
-            or (slo_breach and signal.backlog > 0)
+            or (slo_breach and 2 * queueing >= ready)
         )
         if signal.throughput_rps is not None:
             per_instance = signal.throughput_rps / ready
@@ -201,7 +204,8 @@ class TokenplaneScaler:
             # Latency evidence: the pool met the TTFT SLO with room to spare (p90 under
             # comfort_fraction of it) while each instance carried at least probe_load_gate of its
             # estimated capacity: capacity is probably above the estimate, so the estimate probes
-            # upward by capacity_probe. A saturated window (below) pulls it back.
+            # upward by capacity_probe, but never past the last saturated measurement (what the
+            # pool did at its limit). A saturated window (below) pulls it back.
             comfortable = (
                 not saturated
                 and spec.ttft_slo_s is not None
@@ -211,7 +215,12 @@ class TokenplaneScaler:
                 and per_instance >= p.probe_load_gate * current
             )
             if comfortable:
-                per_instance = max(per_instance, current * (1.0 + p.capacity_probe))
+                state = msgspec.structs.replace(state, safe_rps=max(per_instance, state.safe_rps or 0.0))
+                probe = current * (1.0 + p.capacity_probe)
+                ceiling = state.capacity_rps.ceiling
+                if ceiling is not None:
+                    probe = min(probe, max(ceiling, current))
+                per_instance = max(per_instance, probe)
             est = state.capacity_rps.observe(
                 per_instance,
                 saturated=saturated,
@@ -252,6 +261,11 @@ class TokenplaneScaler:
         p = self.params
         n = len(signal.serving)
         cap = self.capacity_rps(spec)
+        safe = self._state.safe_rps
+        if p.learn_capacity and safe is not None:
+            # Seen serving ``safe`` per instance with comfortable latency: sizing at utilisation u
+            # of a capacity below safe / u would plan for less than has been shown to work.
+            cap = min(spec.capacity_rps * p.capacity_bound, max(cap, safe / p.target_utilisation))
         fc_act = holt_forecast(
             signal.arrivals,
             horizon_s=spec.warm_activation_s + p.decision_interval_s,
@@ -330,6 +344,12 @@ class TokenplaneScaler:
         lasting = max(terms[0][1], terms[2][1], kv_up, demand_need(u_down), slo_hold, kv_down, busy)
         raw_down = max(lasting, terms[1][1], queue_need(u_down))
         provision = _ceil(provision_rps / (cap * u))
+        # Shrink only into a per-instance load seen served comfortably (plus one probe step): the
+        # capacity estimate may still be the prior, and TTFT has a cliff, not a slope.
+        if p.learn_capacity and spec.ttft_slo_s is not None:
+            proven = safe * (1.0 + p.capacity_probe) if safe is not None else 0.0
+            if proven < cap:
+                raw_down = max(raw_down, n if proven <= 0 else _ceil(fc_act.level_rps / proven))
         if not signal.arrivals:
             raw_down = max(raw_down, n)  # no complete bucket measured yet: nothing to size down on
 
@@ -359,6 +379,21 @@ class TokenplaneScaler:
             recommendation = min(max(lasting, lo), hi)
             floor = min(max(raw_down, lo), hi)
             target, reason, note = self._scale_down(n, floor, raw_up, spec, now)
+            tight = (
+                spec.ttft_slo_s is not None
+                and signal.ttft_p90_s is not None
+                and signal.ttft_p90_s > p.comfort_fraction * spec.ttft_slo_s
+            )
+            if target < n and tight:
+                # Latency is the ground truth the capacity estimate approximates: with TTFT p90
+                # past comfort_fraction of the SLO the pool is near its knee, whatever the
+                # estimate says, so it does not shrink.
+                assert signal.ttft_p90_s is not None and spec.ttft_slo_s is not None
+                target, reason = n, ScaleReason.STEADY
+                note = (
+                    f"TTFT p90 {signal.ttft_p90_s:.2f}s > {p.comfort_fraction:.2f} x SLO "
+                    f"{spec.ttft_slo_s:.2f}s: not shrinking"
+                )
 
         target_warm = max(spec.warm_pool_size, provision - target)
         target_warm = max(0, min(target_warm, hi - target))
