@@ -2,16 +2,17 @@
 keep a warm pool to absorb rises, and scale down slowly by draining.
 
 Algorithm, per decision (``n`` = serving instances, ``c`` = per-instance capacity in req/s, learned
-online from saturated throughput, see :mod:`~tokenplane.core.autoscale.capacity`; ``u`` =
-``target_utilisation``):
+online, see "Learning" below; ``u`` = ``target_utilisation``):
 
 1. Forecast (:mod:`~tokenplane.core.autoscale.forecast`) arrivals over two horizons: activation
    (``warm_activation_s + decision_interval_s``: what serving must cover until the next decision can
    act) and cold (``cold_start_s + decision_interval_s``: what must already be warming now).
 2. Needs, each a serving-instance count:
 
-   * demand = ⌈upper forecast (peak + k·σ burst margin) over the activation horizon / (c·u)⌉, and
-     the token term ⌈tokens/s demand / (c_tok·u)⌉ when both are known;
+   * demand = ⌈r_act / (c·u)⌉ with r_act the larger of the upper forecast (peak + k·σ) and the
+     rate the *measured burstiness* says to hold over the activation horizon (:mod:`burst`:
+     ``min(level × headroom, seen peak)`` at the ``slo_target`` quantile), and the token term
+     ⌈tokens/s demand / (c_tok·u)⌉ when both are known;
    * queue = ⌈(λ + backlog / queue_drain_s) / (c·u)⌉, λ = max(forecast level, throughput): enough to
      serve arrivals and drain the backlog (gateway queue + engine ``waiting``) within the target;
    * slo = n + max(1, ⌈n·slo_gain·deficit⌉) when TTFT/TBT attainment is below ``slo_target`` (or the
@@ -30,9 +31,26 @@ online from saturated throughput, see :mod:`~tokenplane.core.autoscale.capacity`
    (the HPA's stabilisation window), never within ``cooldown_s`` of a scale-up, and by at most
    ``scale_down_step_fraction`` of the pool per decision. It drains (no request is cut); drained
    instances refill the warm pool first.
-4. Warm pool target = max(``warm_pool_size``, cold-horizon forecast need − serving target): a
-   forecast rise pre-warms instances, which the activation path then brings in within seconds.
+   Latency guards the way down: the pool does not shrink while TTFT p90 is above
+   ``comfort_fraction`` of the SLO, nor below ⌈r_act / (s·(1 + capacity_probe))⌉ where ``s`` is
+   the most req/s per instance it has served with comfortable latency (TTFT has a cliff, and the
+   capacity estimate may still be a prior).
+4. Warm pool target = max(``warm_pool_size``, ⌈r_cold / (c·u)⌉ − serving target), r_cold the
+   larger of the cold-horizon forecast and the measured burstiness over a cold start: the warm pool
+   is sized from the cold-start time and the bursts seen within one.
    Everything is clamped to [min, max]; cold starts never take the total past max.
+
+Learning (in :meth:`TokenplaneScaler.observe`):
+
+* capacity: throughput per ready instance while saturated (most instances queueing, KV full, or
+  the TTFT SLO breached while queueing) is a measurement; so is a throughput above the estimate.
+  The spec's ``capacity_rps`` prior counts as ``capacity_prior_weight`` measurements, and its weight
+  decays by ``1 − capacity_learn_rate`` per measurement (:mod:`capacity`). When TTFT p90 is under
+  ``comfort_fraction`` of the SLO with each instance at least ``probe_load_gate`` of the estimate,
+  the estimate probes up by ``capacity_probe`` (never past the last saturated measurement), and
+  ``c`` is at least ``s / u`` (sizing below what has been seen to work is never planned);
+* burstiness: one rise sample per complete arrival bucket for each horizon, remembered with a
+  half-life of ``burst_half_life_s`` (default 2 × ``stabilisation_s``) (:mod:`burst`).
 
 Params (all optional): ``target_utilisation`` 0.75, ``scale_down_hysteresis`` 0.1, ``queue_drain_s``
 30, ``slo_target`` 0.95, ``slo_gain`` 2, ``slo_step_interval_s`` 60, ``slo_load_gate`` 0.5,
@@ -40,14 +58,17 @@ Params (all optional): ``target_utilisation`` 0.75, ``scale_down_hysteresis`` 0.
 HPA's 300 s: drained instances park in the warm pool first, so a re-rise within minutes is absorbed
 in seconds rather than by a cold start), ``scale_down_step_fraction`` 0.25, ``decision_interval_s``
 15, ``forecast_alpha`` 0.5, ``forecast_beta`` 0.3, ``forecast_phi`` 0.9, ``burst_k`` 1.5,
-``learn_capacity`` true, ``capacity_learn_rate`` 0.2, ``capacity_bound`` 4, ``park_drained`` true.
+``learn_capacity`` true, ``capacity_learn_rate`` 0.2, ``capacity_bound`` 8, ``capacity_prior_weight``
+2, ``capacity_probe`` 0.25, ``comfort_fraction`` 0.5, ``probe_load_gate`` 0.3, ``learn_burstiness``
+true, ``burst_half_life_s`` (2 × ``stabilisation_s``), ``park_drained`` true.
 
 Cost: two O(history) forecast passes and one pass over the serving instances per decision.
 
-How it fails: a wrong capacity prior mis-sizes the pool until the pool saturates once (then the
-estimator learns); a burst larger than the warm pool within a cold start is served late (the queue
-and SLO terms then add capacity, which arrives after ``cold_start_s``); very noisy low-rate traffic
-inflates the burst margin, which costs money, not SLO.
+How it fails: a prior far too high shrinks the pool only step by step into loads seen to work, but
+a load that grows into the gap before a saturated window teaches it costs SLO; a burst shape not yet
+seen (the first quiet-to-burst jump) is served late (the queue and SLO terms then add capacity, which
+arrives after ``cold_start_s``); a burst memory shorter than the burst cycle forgets between bursts;
+very noisy low-rate traffic inflates the headroom, which costs money, not SLO.
 """
 
 from __future__ import annotations
@@ -349,7 +370,7 @@ class TokenplaneScaler:
         if p.learn_capacity and spec.ttft_slo_s is not None:
             proven = safe * (1.0 + p.capacity_probe) if safe is not None else 0.0
             if proven < cap:
-                raw_down = max(raw_down, n if proven <= 0 else _ceil(fc_act.level_rps / proven))
+                raw_down = max(raw_down, n if proven <= 0 else _ceil(serve_rps / proven))
         if not signal.arrivals:
             raw_down = max(raw_down, n)  # no complete bucket measured yet: nothing to size down on
 
