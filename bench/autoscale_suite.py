@@ -18,6 +18,25 @@ TTFT attainment is at least the target); every autoscaler then starts serving wi
 instances (the fleet a static planner would open with), so that the runs differ in how they follow
 the load, not in how they survive a cold start at t = 0.
 
+Result (full length, seed 1, ``--json``, about 5 minutes on one core; GPU-hours / TTFT attainment):
+
+    workload      tokenplane      hpa (busy)      hpa-kv          static-best (n)
+    azure-x4      0.67 / 100.0    2.39 / 100.0    0.45 /  71.3    0.49 / 100.0  (2)
+    azure-x8      0.60 / 100.0    1.16 / 100.0    0.46 /  32.1    0.37 /  99.6  (3)
+    servegen-x8   4.09 /  97.9   26.61 / 100.0    6.48 /  95.5    4.58 / 100.0  (6)
+    servegen-x16  4.10 /  97.7   13.41 / 100.0    8.22 /  78.3    3.91 /  97.7  (10)
+    mooncake-x2   3.17 /  97.8    9.44 /  98.9    1.42 /   0.8    1.98 /  95.6  (4)
+    mooncake-x4   2.85 /  98.0    5.30 /  98.5    1.40 /   1.5    1.74 /  95.7  (7)
+    bursty-cv4    5.45 / 100.0    7.69 /  91.1    1.91 /  22.1    4.00 / 100.0  (4)
+    bursty-cv10   5.89 /  92.6    7.88 /  48.9    4.01 /  19.3    4.00 / 100.0  (4)
+
+tokenplane meets the SLO on 7 of 8 (bursty-cv10: the first quiet-to-burst jump, before any has been
+seen, and a 2-minute burst after a long quiet spell cost 7 points) and no HPA variant beats it on
+both; it is at or under the static-best GPU-hours only on servegen-x8. The static-best fleet is an
+oracle (sized with the whole trace known); tokenplane's extra cost is the rough prior's first
+minutes, holding the peak's capacity between bursts it cannot reach within a cold start, and the
+headroom it keeps at the SLO quantile.
+
 Traces come from the configurable traces folder (``--traces``, ``$TOKENPLANE_TRACES``, default
 ``../shared/traces``); a missing one is skipped with a reason. Each scenario is also a file the
 twin runs: ``--write-scenarios DIR`` writes them (``tokenplane simulate DIR/NAME.yaml``).
@@ -123,7 +142,11 @@ def scenario_doc(name: str, wl: dict[str, Any], autoscaler: dict[str, Any], seed
 SCALERS: dict[str, dict[str, Any]] = {
     # The one tokenplane setting for every workload: remember bursts for a half-life of 30 minutes
     # (the default, 2 x stabilisation_s = 6 minutes, forgets an on-off cycle longer than that).
-    "tokenplane": {"name": "tokenplane", "initial_serving": 1, "params": {"burst_half_life_s": 1800}},
+    "tokenplane": {
+        "name": "tokenplane",
+        "initial_serving": 1,
+        "params": {"burst_half_life_s": 1800, "target_utilisation": 0.9},
+    },
     "hpa": {
         "name": "hpa",
         "initial_serving": 1,  # replaced by the static-best size
@@ -145,7 +168,7 @@ def run_one(doc: dict[str, Any], traces: Path | None) -> dict[str, Any]:
     return {
         "gpu_hours": round(float(r["gpu_hours"]), 4),
         "slo_attainment": round(float(r["ttft_slo_attainment"] or 0.0), 4),
-        "requests": r.get("requests", r.get("num_requests")),
+        "requests": r.get("requests_total"),
         "wall_s": round(time.perf_counter() - started, 2),
     }
 
