@@ -11,12 +11,13 @@ whose TTFT met the SLO, failed ones counted as misses), plus ``skipped`` (worklo
 missing, with the reason) and ``verdict`` per workload.
 
 One configuration for every workload (nothing here is set per workload but the workload itself,
-its fleet's model and its SLO): every pool is
-given the same deliberately rough capacity prior (``PRIOR_RPS``), which the scaler must correct
-online; its one non-default setting (the same everywhere) is a 30-minute burst memory. ``static-best`` is found by bisection over fleet sizes (the smallest static fleet whose
-TTFT attainment is at least the target); every autoscaler then starts serving with that many
-instances (the fleet a static planner would open with), so that the runs differ in how they follow
-the load, not in how they survive a cold start at t = 0.
+its fleet's model and its SLO): every pool is given the same deliberately rough capacity prior
+(``PRIOR_RPS``), which the scaler must correct online, and the tokenplane scaler the same two
+non-default settings everywhere (a 30-minute burst memory, target utilisation 0.9; see ``SCALERS``).
+``static-best`` is found by bisection over fleet sizes (the smallest static fleet whose TTFT
+attainment is at least the target); every autoscaler then starts serving with that many instances
+(the fleet a static planner would open with), so that the runs differ in how they follow the load,
+not in how they survive a cold start at t = 0.
 
 Result (full length, seed 1, ``--json``, about 5 minutes on one core; GPU-hours / TTFT attainment):
 
