@@ -141,11 +141,12 @@ def scenario_doc(name: str, wl: dict[str, Any], autoscaler: dict[str, Any], seed
 
 
 SCALERS: dict[str, dict[str, Any]] = {
-    # The one tokenplane setting for every workload: remember bursts for a half-life of 30 minutes
-    # (the default, 2 x stabilisation_s = 6 minutes, forgets an on-off cycle longer than that).
+    # The tokenplane settings for every workload: remember bursts for a half-life of 30 minutes (the
+    # default, 2 x stabilisation_s = 6 minutes, forgets an on-off cycle longer than that) and plan
+    # for 90 % of the learned capacity (the default is 0.75).
     "tokenplane": {
         "name": "tokenplane",
-        "initial_serving": 1,
+        "initial_serving": 1,  # replaced by the static-best size
         "params": {"burst_half_life_s": 1800, "target_utilisation": 0.9},
     },
     "hpa": {
