@@ -405,7 +405,7 @@ class TokenplaneScaler:
                 and signal.ttft_p90_s is not None
                 and signal.ttft_p90_s > p.comfort_fraction * spec.ttft_slo_s
             )
-            if target < n and tight:
+            if target < n and tight and reason is ScaleReason.OVERPROVISIONED:
                 # Latency is the ground truth the capacity estimate approximates: with TTFT p90
                 # past comfort_fraction of the SLO the pool is near its knee, whatever the
                 # estimate says, so it does not shrink.
