@@ -64,6 +64,7 @@ from tokenplane.core.autoscale import (
     PoolSignal,
     PoolSpec,
     ScaleDecision,
+    TokenplaneScaler,
     build_autoscaler,
     parse_pool_spec,
 )
@@ -394,7 +395,22 @@ class AutoscalingShell:
                 "capacity_rps": self.spec.capacity_rps,
                 "cold_start_s": self.spec.cold_start_s,
                 "warm_activation_s": self.spec.warm_activation_s,
+                **self._learned(),
             },
+        }
+
+    def _learned(self) -> dict[str, Any]:
+        """What a learning scaler ended the run believing (capacity per instance, headroom)."""
+        scaler = self.scaler
+        if not isinstance(scaler, TokenplaneScaler):
+            return {}
+        state = scaler.state
+        q = scaler.params.slo_target
+        return {
+            "learned_capacity_rps": scaler.capacity_rps(self.spec),
+            "capacity_prior_share": state.capacity_rps.prior_share,
+            "headroom_activation": state.burst_activation.headroom(q),
+            "headroom_cold_start": state.burst_cold.headroom(q),
         }
 
 

@@ -56,12 +56,12 @@ def test_capacity_estimator() -> None:
     assert est.get(2.0) == 2.0  # the prior until learned
     # Not saturated and below the estimate: tells nothing.
     assert est.observe(1.0, saturated=False, prior=2.0) is est
-    # Not saturated but above: a lower bound, taken at once.
-    assert est.observe(3.0, saturated=False, prior=2.0).get(2.0) == 3.0
-    # Saturated: EWMA toward the measurement.
-    assert est.observe(1.0, saturated=True, prior=2.0, rate=0.5).get(2.0) == pytest.approx(1.5)
-    # Bounded to [prior / 4, prior × 4].
-    assert est.observe(100.0, saturated=True, prior=2.0, rate=1.0).get(2.0) == 8.0
-    assert est.observe(0.01, saturated=True, prior=2.0, rate=1.0).get(2.0) == 0.5
+    # Not saturated but above: a measurement (weighed against the prior's weight of 2, decayed).
+    assert est.observe(3.0, saturated=False, prior=2.0).get(2.0) == pytest.approx(6.2 / 2.6)
+    # Saturated: a measurement; with rate 1 the prior is forgotten at once.
+    assert est.observe(1.0, saturated=True, prior=2.0, rate=1.0).get(2.0) == pytest.approx(1.0)
+    # Bounded to [prior / bound, prior × bound].
+    assert est.observe(100.0, saturated=True, prior=2.0, rate=1.0, bound=4.0).get(2.0, bound=4.0) == 8.0
+    assert est.observe(0.01, saturated=True, prior=2.0, rate=1.0, bound=4.0).get(2.0, bound=4.0) == 0.5
     # Garbage is ignored.
     assert est.observe(float("nan"), saturated=True, prior=2.0) is est

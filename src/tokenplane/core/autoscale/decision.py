@@ -61,6 +61,9 @@ class Needs(msgspec.Struct, frozen=True):
     scale_down_to: int = 0  # the need at the scale-down utilisation (hysteresis), recorded per decision
     forecast_rps: float = 0.0
     capacity_rps: float = 0.0  # per-instance capacity used (learned or prior)
+    provision_rps: float = 0.0  # rate serving + warm must cover within a cold start
+    headroom: float = 1.0  # measured rise over the activation horizon (x the level)
+    capacity_prior_share: float = 1.0  # the prior's share of capacity_rps (1: nothing learned)
 
 
 class ScaleDecision(msgspec.Struct, frozen=True):

@@ -2,16 +2,17 @@
 keep a warm pool to absorb rises, and scale down slowly by draining.
 
 Algorithm, per decision (``n`` = serving instances, ``c`` = per-instance capacity in req/s, learned
-online from saturated throughput, see :mod:`~tokenplane.core.autoscale.capacity`; ``u`` =
-``target_utilisation``):
+online, see "Learning" below; ``u`` = ``target_utilisation``):
 
 1. Forecast (:mod:`~tokenplane.core.autoscale.forecast`) arrivals over two horizons: activation
    (``warm_activation_s + decision_interval_s``: what serving must cover until the next decision can
    act) and cold (``cold_start_s + decision_interval_s``: what must already be warming now).
 2. Needs, each a serving-instance count:
 
-   * demand = ⌈upper forecast (peak + k·σ burst margin) over the activation horizon / (c·u)⌉, and
-     the token term ⌈tokens/s demand / (c_tok·u)⌉ when both are known;
+   * demand = ⌈r_act / (c·u)⌉ with r_act the larger of the upper forecast (peak + k·σ) and the
+     rate the *measured burstiness* says to hold over the activation horizon (:mod:`burst`:
+     ``min(level × headroom, seen peak)`` at the ``slo_target`` quantile), and the token term
+     ⌈tokens/s demand / (c_tok·u)⌉ when both are known;
    * queue = ⌈(λ + backlog / queue_drain_s) / (c·u)⌉, λ = max(forecast level, throughput): enough to
      serve arrivals and drain the backlog (gateway queue + engine ``waiting``) within the target;
    * slo = n + max(1, ⌈n·slo_gain·deficit⌉) when TTFT/TBT attainment is below ``slo_target`` (or the
@@ -30,9 +31,26 @@ online from saturated throughput, see :mod:`~tokenplane.core.autoscale.capacity`
    (the HPA's stabilisation window), never within ``cooldown_s`` of a scale-up, and by at most
    ``scale_down_step_fraction`` of the pool per decision. It drains (no request is cut); drained
    instances refill the warm pool first.
-4. Warm pool target = max(``warm_pool_size``, cold-horizon forecast need − serving target): a
-   forecast rise pre-warms instances, which the activation path then brings in within seconds.
+   Latency guards the way down: the pool does not shrink while TTFT p90 is above
+   ``comfort_fraction`` of the SLO, nor below ⌈r_act / (s·(1 + capacity_probe))⌉ where ``s`` is
+   the most req/s per instance it has served with comfortable latency (TTFT has a cliff, and the
+   capacity estimate may still be a prior).
+4. Warm pool target = max(``warm_pool_size``, ⌈r_cold / (c·u)⌉ − serving target), r_cold the
+   larger of the cold-horizon forecast and the measured burstiness over a cold start: the warm pool
+   is sized from the cold-start time and the bursts seen within one.
    Everything is clamped to [min, max]; cold starts never take the total past max.
+
+Learning (in :meth:`TokenplaneScaler.observe`):
+
+* capacity: throughput per ready instance while saturated (most instances queueing, KV full, or
+  the TTFT SLO breached while queueing) is a measurement; so is a throughput above the estimate.
+  The spec's ``capacity_rps`` prior counts as ``capacity_prior_weight`` measurements, and its weight
+  decays by ``1 − capacity_learn_rate`` per measurement (:mod:`capacity`). When TTFT p90 is under
+  ``comfort_fraction`` of the SLO with each instance at least ``probe_load_gate`` of the estimate,
+  the estimate probes up by ``capacity_probe`` (never past the last saturated measurement), and
+  ``c`` is at least ``s / u`` (sizing below what has been seen to work is never planned);
+* burstiness: one rise sample per complete arrival bucket for each horizon, remembered with a
+  half-life of ``burst_half_life_s`` (default 2 × ``stabilisation_s``) (:mod:`burst`).
 
 Params (all optional): ``target_utilisation`` 0.75, ``scale_down_hysteresis`` 0.1, ``queue_drain_s``
 30, ``slo_target`` 0.95, ``slo_gain`` 2, ``slo_step_interval_s`` 60, ``slo_load_gate`` 0.5,
@@ -40,14 +58,17 @@ Params (all optional): ``target_utilisation`` 0.75, ``scale_down_hysteresis`` 0.
 HPA's 300 s: drained instances park in the warm pool first, so a re-rise within minutes is absorbed
 in seconds rather than by a cold start), ``scale_down_step_fraction`` 0.25, ``decision_interval_s``
 15, ``forecast_alpha`` 0.5, ``forecast_beta`` 0.3, ``forecast_phi`` 0.9, ``burst_k`` 1.5,
-``learn_capacity`` true, ``capacity_learn_rate`` 0.2, ``capacity_bound`` 4, ``park_drained`` true.
+``learn_capacity`` true, ``capacity_learn_rate`` 0.2, ``capacity_bound`` 8, ``capacity_prior_weight``
+2, ``capacity_probe`` 0.25, ``comfort_fraction`` 0.5, ``probe_load_gate`` 0.3, ``learn_burstiness``
+true, ``burst_half_life_s`` (2 × ``stabilisation_s``), ``park_drained`` true.
 
 Cost: two O(history) forecast passes and one pass over the serving instances per decision.
 
-How it fails: a wrong capacity prior mis-sizes the pool until the pool saturates once (then the
-estimator learns); a burst larger than the warm pool within a cold start is served late (the queue
-and SLO terms then add capacity, which arrives after ``cold_start_s``); very noisy low-rate traffic
-inflates the burst margin, which costs money, not SLO.
+How it fails: a prior far too high shrinks the pool only step by step into loads seen to work, but
+a load that grows into the gap before a saturated window teaches it costs SLO; a burst shape not yet
+seen (the first quiet-to-burst jump) is served late (the queue and SLO terms then add capacity, which
+arrives after ``cold_start_s``); a burst memory shorter than the burst cycle forgets between bursts;
+very noisy low-rate traffic inflates the headroom, which costs money, not SLO.
 """
 
 from __future__ import annotations
@@ -59,6 +80,7 @@ from typing import Any
 import msgspec
 
 from tokenplane.core.autoscale.base import AUTOSCALERS
+from tokenplane.core.autoscale.burst import BurstMemory, rise_sample
 from tokenplane.core.autoscale.capacity import DEFAULT_KV_SATURATED, CapacityEstimate
 from tokenplane.core.autoscale.decision import ActionKind, Needs, ScaleDecision, ScaleReason
 from tokenplane.core.autoscale.forecast import holt_forecast
@@ -90,7 +112,13 @@ class TokenplaneParams(msgspec.Struct, frozen=True):
     burst_k: float = 1.5
     learn_capacity: bool = True
     capacity_learn_rate: float = 0.2
-    capacity_bound: float = 4.0
+    capacity_bound: float = 8.0
+    capacity_prior_weight: float = 2.0
+    capacity_probe: float = 0.25
+    comfort_fraction: float = 0.5
+    probe_load_gate: float = 0.3
+    learn_burstiness: bool = True
+    burst_half_life_s: float | None = None  # None: 2 × stabilisation_s
     park_drained: bool = True
 
     def __post_init__(self) -> None:
@@ -110,9 +138,11 @@ class TokenplaneParams(msgspec.Struct, frozen=True):
             raise ValueError("need 0 < forecast_alpha <= 1, 0 <= forecast_beta <= 1, 0 <= forecast_phi <= 1")
         if self.capacity_bound < 1:
             raise ValueError(f"capacity_bound must be >= 1, got {self.capacity_bound}")
+        if self.burst_half_life_s is not None and not self.burst_half_life_s > 0:
+            raise ValueError(f"burst_half_life_s must be > 0, got {self.burst_half_life_s}")
         if not 0 < self.capacity_learn_rate <= 1:
             raise ValueError("capacity_learn_rate must be in (0, 1]")
-        for name in ("queue_drain_s",):
+        for name in ("queue_drain_s", "capacity_prior_weight"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
 
@@ -124,6 +154,9 @@ class ScalerState(msgspec.Struct, frozen=True):
     recommendations: tuple[tuple[float, int], ...] = ()  # (decided at, scale-down recommendation)
     capacity_rps: CapacityEstimate = CapacityEstimate()
     capacity_tps: CapacityEstimate = CapacityEstimate()
+    burst_activation: BurstMemory = BurstMemory()  # rises within warm activation + one interval
+    burst_cold: BurstMemory = BurstMemory()  # rises within a cold start + one interval
+    safe_rps: float | None = None  # most req/s per instance served with comfortable latency
 
 
 def _ceil(x: float) -> int:
@@ -146,23 +179,76 @@ class TokenplaneScaler:
 
     # -- state changes -------------------------------------------------------------------------
 
+    def _horizons(self, spec: PoolSpec) -> tuple[float, float]:
+        """(activation, cold) horizons: how long until capacity asked for now can serve."""
+        step = self.params.decision_interval_s
+        return spec.warm_activation_s + step, spec.cold_start_s + step
+
     def observe(self, signal: PoolSignal, spec: PoolSpec) -> None:
-        """Learn per-instance capacity from throughput (see :mod:`capacity`)."""
+        """Learn the burstiness of arrivals (see :mod:`burst`) and per-instance capacity from
+        throughput at the observed latency (see :mod:`capacity`)."""
         p = self.params
+        state = self._state
+        if p.learn_burstiness and signal.arrivals:
+            h_act, h_cold = self._horizons(spec)
+            half_life = p.burst_half_life_s or 2.0 * max(p.stabilisation_s, p.decision_interval_s)
+            for horizon, field in ((h_act, "burst_activation"), (h_cold, "burst_cold")):
+                sample = rise_sample(signal.arrivals, horizon)
+                if sample is not None:
+                    memory: BurstMemory = getattr(state, field)
+                    if memory.half_life_s != half_life:
+                        memory = BurstMemory(memory.samples, half_life)
+                    state = msgspec.structs.replace(state, **{field: memory.add(sample)})
+            self._state = state
         if not p.learn_capacity:
             return
         ready = sum(1 for v in signal.serving if v.ready and v.healthy)
         if ready == 0:
             return
-        saturated = signal.backlog >= ready or signal.mean_kv_usage >= DEFAULT_KV_SATURATED
-        state = self._state
+        # Saturated at the observed latency: most ready instances have a queue (a backlog stuck on
+        # a few instances says nothing of the others), KV caches nearly full, or the TTFT SLO
+        # breached while they queue. Then throughput per instance measures capacity.
+        queueing = sum(1 for v in signal.serving if v.ready and v.healthy and v.waiting > 0)
+        slo_breach = (
+            spec.ttft_slo_s is not None
+            and signal.ttft_p90_s is not None
+            and signal.ttft_p90_s > spec.ttft_slo_s
+        )
+        saturated = (
+            (2 * queueing >= ready and signal.backlog >= ready)
+            or signal.mean_kv_usage >= DEFAULT_KV_SATURATED
+            or (slo_breach and 2 * queueing >= ready)
+        )
         if signal.throughput_rps is not None:
+            per_instance = signal.throughput_rps / ready
+            current = state.capacity_rps.get(spec.capacity_rps, bound=p.capacity_bound)
+            # Latency evidence: the pool met the TTFT SLO with room to spare (p90 under
+            # comfort_fraction of it) while each instance carried at least probe_load_gate of its
+            # estimated capacity: capacity is probably above the estimate, so the estimate probes
+            # upward by capacity_probe, but never past the last saturated measurement (what the
+            # pool did at its limit). A saturated window (below) pulls it back.
+            comfortable = (
+                not saturated
+                and spec.ttft_slo_s is not None
+                and signal.ttft_p90_s is not None
+                and signal.ttft_p90_s <= p.comfort_fraction * spec.ttft_slo_s
+                and (signal.ttft_attainment is None or signal.ttft_attainment >= p.slo_target)
+                and per_instance >= p.probe_load_gate * current
+            )
+            if comfortable:
+                state = msgspec.structs.replace(state, safe_rps=max(per_instance, state.safe_rps or 0.0))
+                probe = current * (1.0 + p.capacity_probe)
+                ceiling = state.capacity_rps.ceiling
+                if ceiling is not None:
+                    probe = min(probe, max(ceiling, current))
+                per_instance = max(per_instance, probe)
             est = state.capacity_rps.observe(
-                signal.throughput_rps / ready,
+                per_instance,
                 saturated=saturated,
                 prior=spec.capacity_rps,
                 rate=p.capacity_learn_rate,
                 bound=p.capacity_bound,
+                prior_weight=p.capacity_prior_weight,
             )
             state = msgspec.structs.replace(state, capacity_rps=est)
         if signal.throughput_tps is not None and spec.capacity_tokens_per_s is not None:
@@ -172,6 +258,7 @@ class TokenplaneScaler:
                 prior=spec.capacity_tokens_per_s,
                 rate=p.capacity_learn_rate,
                 bound=p.capacity_bound,
+                prior_weight=p.capacity_prior_weight,
             )
             state = msgspec.structs.replace(state, capacity_tps=est)
         self._state = state
@@ -195,6 +282,11 @@ class TokenplaneScaler:
         p = self.params
         n = len(signal.serving)
         cap = self.capacity_rps(spec)
+        safe = self._state.safe_rps
+        if p.learn_capacity and safe is not None:
+            # Seen serving ``safe`` per instance with comfortable latency: sizing at utilisation u
+            # of a capacity below safe / u would plan for less than has been shown to work.
+            cap = min(spec.capacity_rps * p.capacity_bound, max(cap, safe / p.target_utilisation))
         fc_act = holt_forecast(
             signal.arrivals,
             horizon_s=spec.warm_activation_s + p.decision_interval_s,
@@ -215,9 +307,19 @@ class TokenplaneScaler:
         rate_now = max(fc_act.level_rps, signal.throughput_rps or 0.0)
         mean_kv = signal.mean_kv_usage
         u, u_down = p.target_utilisation, p.target_utilisation - p.scale_down_hysteresis
+        # Headroom from measured burstiness: size serving for the rise seen within an activation,
+        # and serving + warm for the rise seen within a cold start (see :mod:`burst`).
+        serve_rps, provision_rps = fc_act.upper_rps, max(fc_act.upper_rps, fc_cold.upper_rps)
+        headroom = 1.0
+        state = self._state
+        if p.learn_burstiness:
+            level, q = fc_act.level_rps, p.slo_target
+            serve_rps = max(serve_rps, state.burst_activation.size_for(level, q))
+            provision_rps = max(provision_rps, serve_rps, state.burst_cold.size_for(level, q))
+            headroom = state.burst_activation.headroom(q)
 
         def demand_need(util: float) -> int:
-            need = _ceil(fc_act.upper_rps / (cap * util))
+            need = _ceil(serve_rps / (cap * util))
             if spec.capacity_tokens_per_s is not None and signal.tokens_per_s_demand:
                 cap_tps = self._state.capacity_tps.get(spec.capacity_tokens_per_s, bound=p.capacity_bound)
                 need = max(need, _ceil(signal.tokens_per_s_demand / (cap_tps * util)))
@@ -262,7 +364,15 @@ class TokenplaneScaler:
         # window is pure cost. The window guards against demand noise; the cooldown guards churn.
         lasting = max(terms[0][1], terms[2][1], kv_up, demand_need(u_down), slo_hold, kv_down, busy)
         raw_down = max(lasting, terms[1][1], queue_need(u_down))
-        provision = _ceil(fc_cold.upper_rps / (cap * u))
+        provision = _ceil(provision_rps / (cap * u))
+        # Shrink only into a per-instance load seen served comfortably (plus one probe step): the
+        # capacity estimate may still be the prior, and TTFT has a cliff, not a slope.
+        if p.learn_capacity and spec.ttft_slo_s is not None:
+            proven = safe * (1.0 + p.capacity_probe) if safe is not None else 0.0
+            if proven < cap:
+                raw_down = max(raw_down, n if proven <= 0 else _ceil(serve_rps / proven))
+        if not signal.arrivals:
+            raw_down = max(raw_down, n)  # no complete bucket measured yet: nothing to size down on
 
         lo, hi = spec.min_instances, spec.max_instances
         needs = Needs(
@@ -272,8 +382,11 @@ class TokenplaneScaler:
             kv=kv_up,
             provision=provision,
             scale_down_to=raw_down,
-            forecast_rps=fc_act.upper_rps,
+            forecast_rps=serve_rps,
             capacity_rps=cap,
+            provision_rps=provision_rps,
+            headroom=headroom,
+            capacity_prior_share=state.capacity_rps.prior_share,
         )
 
         if raw_up > n:
@@ -287,6 +400,21 @@ class TokenplaneScaler:
             recommendation = min(max(lasting, lo), hi)
             floor = min(max(raw_down, lo), hi)
             target, reason, note = self._scale_down(n, floor, raw_up, spec, now)
+            tight = (
+                spec.ttft_slo_s is not None
+                and signal.ttft_p90_s is not None
+                and signal.ttft_p90_s > p.comfort_fraction * spec.ttft_slo_s
+            )
+            if target < n and tight and reason is ScaleReason.OVERPROVISIONED:
+                # Latency is the ground truth the capacity estimate approximates: with TTFT p90
+                # past comfort_fraction of the SLO the pool is near its knee, whatever the
+                # estimate says, so it does not shrink.
+                assert signal.ttft_p90_s is not None and spec.ttft_slo_s is not None
+                target, reason = n, ScaleReason.STEADY
+                note = (
+                    f"TTFT p90 {signal.ttft_p90_s:.2f}s > {p.comfort_fraction:.2f} x SLO "
+                    f"{spec.ttft_slo_s:.2f}s: not shrinking"
+                )
 
         target_warm = max(spec.warm_pool_size, provision - target)
         target_warm = max(0, min(target_warm, hi - target))
@@ -297,7 +425,10 @@ class TokenplaneScaler:
             a.kind in (ActionKind.START_COLD, ActionKind.STOP_WARM) for a in actions
         ):
             if provision - target > spec.warm_pool_size:
-                reason, note = ScaleReason.FORECAST_RISE, f"pre-warming for {fc_cold.upper_rps:.2f} req/s"
+                reason, note = (
+                    ScaleReason.FORECAST_RISE,
+                    f"pre-warming {target_warm} for {provision_rps:.2f} req/s within a cold start",
+                )
             else:
                 reason, note = ScaleReason.WARM_BACKFILL, f"warm pool to {target_warm}"
         return ScaleDecision(
@@ -347,7 +478,12 @@ class TokenplaneScaler:
             return f"attainment {attainment} needs {needs.slo}"
         if driver is ScaleReason.KV_PRESSURE:
             return f"mean KV use {kv:.2f} needs {needs.kv}"
-        return f"forecast {needs.forecast_rps:.2f} req/s needs {needs.demand}"
+        return (
+            f"{needs.forecast_rps:.2f} req/s (headroom x{needs.headroom:.2f} measured) needs "
+            f"{needs.demand} at {needs.capacity_rps:.2f} req/s each "
+            f"(prior {100 * needs.capacity_prior_share:.0f}% of it); "
+            f"{needs.provision_rps:.2f} req/s within a cold start needs {needs.provision} with warm"
+        )
 
 
 _FLOAT_PARAMS = {
@@ -370,13 +506,19 @@ _FLOAT_PARAMS = {
     "burst_k": (0.0, None, False),
     "capacity_learn_rate": (0.0, 1.0, True),
     "capacity_bound": (1.0, None, False),
+    "capacity_prior_weight": (0.0, None, True),
+    "capacity_probe": (0.0, None, False),
+    "comfort_fraction": (0.0, 1.0, True),
+    "probe_load_gate": (0.0, 1.0, False),
 }
-_BOOL_PARAMS = ("learn_capacity", "park_drained")
+_BOOL_PARAMS = ("learn_capacity", "learn_burstiness", "park_drained")
 
 
 @register(AUTOSCALERS, "tokenplane")
 def _build(params: Mapping[str, Any], ctx: BuildContext) -> TokenplaneScaler:
-    reader = ParamReader("autoscaler 'tokenplane'", params, (*_FLOAT_PARAMS, *_BOOL_PARAMS))
+    reader = ParamReader(
+        "autoscaler 'tokenplane'", params, (*_FLOAT_PARAMS, *_BOOL_PARAMS, "burst_half_life_s")
+    )
     defaults = TokenplaneParams()
     values: dict[str, Any] = {}
     for key, (lo, hi, exclusive) in _FLOAT_PARAMS.items():
@@ -385,4 +527,8 @@ def _build(params: Mapping[str, Any], ctx: BuildContext) -> TokenplaneScaler:
         )
     for key in _BOOL_PARAMS:
         values[key] = reader.bool_(key, getattr(defaults, key))
+    if reader.has("burst_half_life_s"):
+        values["burst_half_life_s"] = reader.float_(
+            "burst_half_life_s", 900.0, min_value=0.0, exclusive_min=True
+        )
     return TokenplaneScaler(TokenplaneParams(**values))

@@ -3,6 +3,7 @@
 from tokenplane.sim.workloads.agentic import AGENTIC_PRESETS, AgenticWorkload
 from tokenplane.sim.workloads.azure import AzureTrace
 from tokenplane.sim.workloads.base import RequestSpec, Workload
+from tokenplane.sim.workloads.bursty import BurstyWorkload
 from tokenplane.sim.workloads.dists import IntDist, LengthDist, interarrival_sampler, weibull_shape_for_cv
 from tokenplane.sim.workloads.factory import WorkloadConfigError, build_workload
 from tokenplane.sim.workloads.mooncake import MooncakeTrace
@@ -14,6 +15,7 @@ __all__ = [
     "AGENTIC_PRESETS",
     "AgenticWorkload",
     "AzureTrace",
+    "BurstyWorkload",
     "IntDist",
     "LengthDist",
     "MooncakeTrace",

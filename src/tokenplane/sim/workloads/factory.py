@@ -8,6 +8,7 @@ Examples::
      "prompt": {"kind": "lognormal", "mean": 1000, "cv": 1}}
     {"type": "agentic", "preset": "copilot", "users": 20}
     {"type": "servegen", "path": "servegen/reason/deepseek-r1", "time_scale": 0.04}
+    {"type": "bursty", "rate_rps": 20, "cv": 4, "peak_ratio": 4, "burst_s": 60, "duration_s": 1800}
 
 Relative trace paths are resolved against the traces folder; a typo or a bad value raises
 :class:`WorkloadConfigError` naming the field.
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tokenplane.sim.workloads.agentic import AGENTIC_PRESETS, AgenticWorkload
 from tokenplane.sim.workloads.azure import AzureTrace
 from tokenplane.sim.workloads.base import Workload
+from tokenplane.sim.workloads.bursty import BurstyWorkload
 from tokenplane.sim.workloads.dists import IntDist, LengthDist
 from tokenplane.sim.workloads.mooncake import MooncakeTrace
 from tokenplane.sim.workloads.servegen import ServeGenWorkload
@@ -124,6 +126,21 @@ class SyntheticConfig(_Strict):
     classes: list[ServiceClassConfig] = Field(default_factory=list)
 
 
+class BurstyConfig(_Strict):
+    type: Literal["bursty"]
+    rate_rps: float = Field(gt=0)
+    cv: float = Field(ge=1)
+    peak_ratio: float = Field(4.0, gt=1)
+    burst_s: float = Field(60.0, gt=0)
+    num_requests: int | None = Field(None, ge=0)
+    duration_s: float | None = Field(None, ge=0)
+    prompt: LengthSpec | None = None
+    output: LengthSpec | None = None
+    seed: int | None = None
+    tenant: str = "default"
+    model: str = ""
+
+
 class AgenticConfig(_Strict):
     type: Literal["agentic"]
     preset: Literal["chat", "copilot", "research", "autonomous"] | None = None
@@ -160,6 +177,7 @@ WORKLOAD_TYPES: Mapping[str, type[_Strict]] = {
     "synthetic": SyntheticConfig,
     "agentic": AgenticConfig,
     "servegen": ServeGenConfig,
+    "bursty": BurstyConfig,
 }
 
 
@@ -243,6 +261,20 @@ def _build(parsed: _Strict, traces: Path | None, seed: int) -> Workload:
             tenant=parsed.tenant,
             model=parsed.model,
             classes=[ServiceClass(c.weight, c.priority, c.latency_budget_s) for c in parsed.classes],
+        )
+    if isinstance(parsed, BurstyConfig):
+        return BurstyWorkload(
+            rate_rps=parsed.rate_rps,
+            cv=parsed.cv,
+            peak_ratio=parsed.peak_ratio,
+            burst_s=parsed.burst_s,
+            num_requests=parsed.num_requests,
+            duration_s=parsed.duration_s,
+            prompt=_length(parsed.prompt),
+            output=_length(parsed.output),
+            seed=seed if parsed.seed is None else parsed.seed,
+            tenant=parsed.tenant,
+            model=parsed.model,
         )
     if isinstance(parsed, AgenticConfig):
         return _build_agentic(parsed, seed)
