@@ -23,6 +23,7 @@ a retry back to the failed instance; the twin adding its own backoff to a contin
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -34,11 +35,15 @@ from tokenplane.core.breaker import BreakerBoard, BreakerConfig
 from tokenplane.core.outcomes import AttemptOutcome, AttemptResult
 from tokenplane.core.retry_budget import Attempt, PlanResult, RetryBudget, RetryPolicy
 from tokenplane.core.routing import build_router
+from tokenplane.core.ttft import PoolTtft
 from tokenplane.core.views import InstanceView, RequestInfo
+from tokenplane.gateway.config import HealthConfig, InstanceConfig
 from tokenplane.gateway.resilience import Resilience
 from tokenplane.gateway.resilience_config import BreakerParams, RetryConfig
+from tokenplane.gateway.runtimes import RuntimeMetrics
+from tokenplane.gateway.upstreams import Upstream
 from tokenplane.sim.controls import CoreControls, avoid_tried
-from tokenplane.sim.engine import ContinuousEngine, EngineConfig, Seq
+from tokenplane.sim.engine import ContinuousEngine, EngineConfig, FinishFn, Seq
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
 from tokenplane.sim.retry_driver import PlanDriver, RetryPlanner
@@ -239,10 +244,15 @@ class ConstSteps:
         return 0.01
 
 
-def _engines() -> tuple[EventLoop, list[ContinuousEngine]]:
+KV_BYTES_PER_TOKEN = 131_072
+
+
+def _engines(on_finish: FinishFn | None = None) -> tuple[EventLoop, list[ContinuousEngine]]:
+    """Three engines of one model pool, sharing its observed TTFT as a fleet shares it."""
     loop = EventLoop()
     tbt = TbtHistogram()
     cfg = EngineConfig(max_num_seqs=2, kv_capacity_tokens=8192)
+    pool = PoolTtft()
     engines = [
         ContinuousEngine(
             i,
@@ -252,33 +262,55 @@ def _engines() -> tuple[EventLoop, list[ContinuousEngine]]:
             schedule_late=loop.schedule_late,
             record=InstanceRecord(i, "H100", "m", 2.5),
             tbt=tbt,
+            kv_bytes_per_token=KV_BYTES_PER_TOKEN,
+            ttft=pool,
         )
         for i in IDS
     ]
     changed: set[int] = set()
     for n, e in enumerate(engines):
-        e.bind(n, changed)
+        e.bind(n, changed, on_finish)
     return loop, engines
 
 
-def as_gateway_sees(e: ContinuousEngine) -> InstanceView:
-    """An InstanceView built as ``Upstream.view()`` builds it: the gateway's own accounting for
-    ``outstanding_*``, the scraped ``running``/``waiting``/``kv_usage``, and the instance's config."""
-    running, waiting = len(e.running), len(e.waiting)
-    return InstanceView(
-        instance_id=e.id,
-        model=e.record.model,
-        gpu=e.record.gpu,
-        ready=e.ready,
-        healthy=True,
-        outstanding_requests=running + waiting,
-        outstanding_tokens=e.outstanding_tokens,
-        running=running,
-        waiting=waiting,
-        kv_usage=e.kv.usage,
-        kv_capacity_tokens=e.capacity_tokens,
-        price_per_hour=e.record.price_per_hour,
-    )
+class GatewayMirror:
+    """Real gateway :class:`Upstream` objects, one per engine, told what the gateway would know:
+    each instance's config (its KV size, price, GPU, bytes per token), a scrape of its metrics
+    (running, waiting, KV use), its own accounting of requests sent (``begin``/``end``), an answered
+    health check, and the pool's observed TTFTs (``observe_ttft``)."""
+
+    def __init__(self, engines: list[ContinuousEngine]) -> None:
+        self.ttft = PoolTtft()
+        self.ups: dict[str, Upstream] = {}
+        for e in engines:
+            cfg = InstanceConfig(
+                id=e.id,
+                url="http://127.0.0.1:9",
+                model=e.record.model,
+                gpu=e.record.gpu,
+                price_per_hour=e.record.price_per_hour,
+                kv_capacity_tokens=e.capacity_tokens,
+                kv_bytes_per_token=e.kv_bytes_per_token,
+            )
+            u = self.ups[e.id] = Upstream(cfg, HealthConfig(), ttft=self.ttft)
+            u.record_probe_success()
+
+    def view(self, e: ContinuousEngine) -> InstanceView:
+        u = self.ups[e.id]
+        scraped = RuntimeMetrics(running=len(e.running), waiting=len(e.waiting), kv_usage=e.kv.usage)
+        u.apply_metrics(scraped, now=0.0)
+        return u.view()
+
+
+def _feed_first_tokens(mirror: GatewayMirror, seqs: list[Seq], fed: set[int]) -> None:
+    """The gateway observes each attempt's TTFT and the queue it was sent behind; in the order the
+    twin's engines produced the first tokens (first token time, then submission order)."""
+    new = [q for q in seqs if q.generated >= 1 and q.uid not in fed and q.record.first_token_s is not None]
+    for q in sorted(new, key=lambda q: (q.record.first_token_s or 0.0, q.uid)):
+        fed.add(q.uid)
+        mirror.ups[q.record.instance_id or ""].observe_ttft(
+            (q.record.first_token_s or 0.0) - q.sent_s, q.waiting_ahead
+        )
 
 
 ROUTERS: list[Any] = [
@@ -292,13 +324,23 @@ ROUTERS: list[Any] = [
 
 @pytest.mark.parametrize("router", ROUTERS, ids=lambda r: r if isinstance(r, str) else r["name"])
 def test_same_router_same_views_same_decisions(router: Any) -> None:
-    loop, engines = _engines()
+    ups: dict[str, Upstream] = {}
+
+    def finished(seq: Seq, now: float) -> None:  # the gateway's accounting: the request left
+        ups[seq.record.instance_id or ""].end(seq.spec.prompt_tokens + seq.info.max_output_tokens)
+
+    loop, engines = _engines(finished)
+    mirror = GatewayMirror(engines)
+    ups.update(mirror.ups)
     twin_router = build_router(router, random.Random(7))
     gw_router = build_router(router, random.Random(7))
     rng = random.Random(3)
+    seqs: list[Seq] = []
+    fed: set[int] = set()
     for k in range(40):
         now = k * 0.005
         loop.run(until=now)
+        _feed_first_tokens(mirror, seqs, fed)
         prefix = rng.randrange(4)
         hashes = tuple(hash((prefix, j)) for j in range(rng.randrange(1, 8)))
         spec = RequestSpec(k, now, 16 * len(hashes) + 5, rng.randrange(1, 30), block_hashes=hashes)
@@ -311,7 +353,7 @@ def test_same_router_same_views_same_decisions(router: Any) -> None:
             arrival_s=now,
         )
         twin_views = [e.view() for e in engines]
-        gw_views = [as_gateway_sees(e) for e in engines]
+        gw_views = [mirror.view(e) for e in engines]
         assert twin_views == gw_views  # a field one shell fills and the other does not fails here
         t = twin_router.select(info, twin_views, now=now)
         g = gw_router.select(info, gw_views, now=now)
@@ -320,8 +362,18 @@ def test_same_router_same_views_same_decisions(router: Any) -> None:
         twin_router.on_routed(info, t.instance_id, now=now)
         gw_router.on_routed(info, g.instance_id, now=now)
         e = next(e for e in engines if e.id == t.instance_id)
-        e.submit(
-            Seq(k, spec, info, RequestRecord(k, "default", now, spec.prompt_tokens, spec.output_tokens), 16),
-            now,
-        )
+        rec = RequestRecord(k, "default", now, spec.prompt_tokens, spec.output_tokens)
+        rec.instance_id = e.id
+        seq = Seq(k, spec, info, rec, 16)
+        seqs.append(seq)
+        mirror.ups[e.id].begin(spec.prompt_tokens + info.max_output_tokens)
+        e.submit(seq, now)
     loop.run()
+    _feed_first_tokens(mirror, seqs, fed)
+    # the seven-axis fields were filled, and the pool's TTFT was learned, in both shells alike
+    assert mirror.ttft.observed == engines[0].ttft.observed == len(seqs)
+    # (the order of first tokens at one instant differs between engines' events and a sort; an EWMA
+    # depends on the order a little)
+    assert math.isclose(mirror.ttft.mean_prefill_s, engines[0].ttft.mean_prefill_s, rel_tol=1e-2)
+    assert engines[0].ttft.mean_prefill_s > 0
+    assert all(v.hbm_free_bytes > 0 and v.predicted_ttft_s > 0 for v in (e.view() for e in engines))

@@ -107,6 +107,7 @@ def simulate(
                     schedule_late=loop.schedule_late,
                     record=InstanceRecord(iid, gpu.name, model.name, price),
                     tbt=tbt,
+                    kv_bytes_per_token=int(model.kv_bytes_per_token),
                 )
             )
             timings.append(timing)
