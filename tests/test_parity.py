@@ -23,30 +23,41 @@ a retry back to the failed instance; the twin adding its own backoff to a contin
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tokenplane.core.admission import AdmissionQueue, PriorityClass
 from tokenplane.core.breaker import BreakerBoard, BreakerConfig
 from tokenplane.core.outcomes import AttemptOutcome, AttemptResult
 from tokenplane.core.retry_budget import Attempt, PlanResult, RetryBudget, RetryPolicy
 from tokenplane.core.routing import build_router
+from tokenplane.core.shedding import LoadShedder
 from tokenplane.core.ttft import PoolTtft
-from tokenplane.core.views import InstanceView, RequestInfo
+from tokenplane.core.views import InstanceView, RequestInfo, WorkflowContext
+from tokenplane.gateway.admission import AdmissionMetrics, PoolAdmission
 from tokenplane.gateway.config import HealthConfig, InstanceConfig
+from tokenplane.gateway.errors import Refused
 from tokenplane.gateway.resilience import Resilience
 from tokenplane.gateway.resilience_config import BreakerParams, RetryConfig
 from tokenplane.gateway.runtimes import RuntimeMetrics
 from tokenplane.gateway.upstreams import Upstream
+from tokenplane.sim.admission_shell import AdmissionGate
 from tokenplane.sim.controls import CoreControls, avoid_tried
 from tokenplane.sim.engine import ContinuousEngine, EngineConfig, FinishFn, Seq
+from tokenplane.sim.faults import ClientSpec
+from tokenplane.sim.fleet import Fleet, FleetContext
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
+from tokenplane.sim.resilience import _Pending
 from tokenplane.sim.retry_driver import PlanDriver, RetryPlanner
+from tokenplane.sim.scenario import AdmissionSettings
 from tokenplane.sim.workloads.base import RequestSpec
 
 IDS = ("a", "b", "c")
@@ -292,7 +303,7 @@ class GatewayMirror:
                 kv_capacity_tokens=e.capacity_tokens,
                 kv_bytes_per_token=e.kv_bytes_per_token,
             )
-            u = self.ups[e.id] = Upstream(cfg, HealthConfig(), ttft=self.ttft)
+            u = self.ups[e.id] = Upstream(cfg, HealthConfig(failures_to_down=1), ttft=self.ttft)
             u.record_probe_success()
 
     def view(self, e: ContinuousEngine) -> InstanceView:
@@ -377,3 +388,163 @@ def test_same_router_same_views_same_decisions(router: Any) -> None:
     assert math.isclose(mirror.ttft.mean_prefill_s, engines[0].ttft.mean_prefill_s, rel_tol=1e-2)
     assert engines[0].ttft.mean_prefill_s > 0
     assert all(v.hbm_free_bytes > 0 and v.predicted_ttft_s > 0 for v in (e.view() for e in engines))
+
+
+# -- admission: the up-front TTFT rule in both shells -------------------------------------------------
+
+ADMISSION_QUEUE = {"budget_s": {"interactive": 1.0, "standard": 5.0, "batch": 60.0}}
+INTERACTIVE, STANDARD = 1, 0
+
+#: One admission script: ("queue", instance, n) n more requests wait on an instance (an engine's
+#: queue; the gateway scrapes it); ("ttft", instance, seconds, waiting ahead) an attempt's first
+#: token was observed; ("down", instance) the instance is lost; ("request", prompt tokens, class,
+#: latency budget, workflow deadline from now) a request arrives and is admitted or refused.
+ADMISSION_SCRIPT: list[tuple[Any, ...]] = [
+    ("request", 5000, INTERACTIVE, 0.2, None),  # hopeless, but nothing observed yet: no prediction
+    ("queue", 0, 5),
+    ("queue", 1, 8),
+    ("queue", 2, 3),
+    ("request", 5000, INTERACTIVE, 0.2, None),  # still no first token observed
+    ("ttft", 0, 2.4, 5),  # 0.4 s per request ahead: the mean moves from 0.2 to 0.22 s
+    ("request", 1000, STANDARD, 0.5, None),  # 3 x 0.22 + 0.1 = 0.76 s > 0.5: shed
+    ("request", 1000, STANDARD, 1.0, None),  # 0.76 s < 1: admitted
+    ("request", 5000, INTERACTIVE, None, None),  # the class's 1 s: 0.66 + 0.5 = 1.16 s: shed
+    ("request", 5000, STANDARD, None, None),  # the class's 5 s: admitted
+    ("request", 100, STANDARD, 10.0, 0.5),  # the workflow's deadline caps the budget: shed
+    ("queue", 2, 6),  # the shortest queue is now 5 long
+    ("ttft", 1, 0.9, 8),  # 0.1 s per request ahead: the mean falls to 0.208 s
+    ("request", 1000, STANDARD, 1.2, None),  # 5 x 0.208 + 0.1 = 1.14 s < 1.2: admitted
+    ("request", 1000, STANDARD, 1.1, None),  # 1.14 s > 1.1: shed
+    ("down", 0),
+    ("request", 1000, STANDARD, 1.2, None),  # c: 9 x 0.208 + 0.1 = 1.97 s: shed
+    ("request", 1000, STANDARD, 2.0, None),  # admitted
+]
+# (With no usable instance left the shells part ways after the rule, which lets the request through
+# in both: the gateway's admission stage answers 503 "no healthy instance", while the twin's gate
+# queues it for capacity that may come back. tests/core/test_ttft.py covers the rule's answer.)
+ADMISSION_SPACING_S = 0.5
+
+
+class NoArrivals:
+    name = "none"
+
+    def arrivals(self) -> Iterator[RequestSpec]:
+        return iter(())
+
+    def on_finished(self, spec: RequestSpec, finish_s: float, ok: bool) -> list[RequestSpec]:
+        return []
+
+
+class RecordingPath:
+    """The twin's request path beyond its admission gate, recording what the gate decided."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.clients = ClientSpec()
+        self.decisions: list[tuple[str, str]] = []
+
+    def send(self, now: float, p: _Pending) -> None:
+        self.decisions.append(("admitted", ""))
+
+    def end(self, p: _Pending, now: float, *, ok: bool, reason: str) -> None:
+        self.decisions.append(("refused", reason))
+
+
+def _spec(
+    k: int, prompt: int, cls: int, budget: float | None, wf_in: float | None, now: float
+) -> RequestSpec:
+    wf = None if wf_in is None else WorkflowContext(f"w{k}", deadline_s=now + wf_in)
+    return RequestSpec(k, now, prompt, 16, priority=cls, latency_budget_s=budget, workflow=wf)
+
+
+def admission_twin_side() -> list[tuple[str, str]]:
+    """The twin's :class:`AdmissionGate` over a real fleet of engines."""
+    loop, engines = _engines()
+    fleet = Fleet(
+        FleetContext(
+            loop,
+            engines,
+            build_router("least-requests", random.Random(0)),
+            NoArrivals(),
+            "m",
+            16,
+            TbtHistogram(),
+        )
+    )
+    gate = AdmissionGate(AdmissionSettings(max_in_flight_per_instance=100, queue=ADMISSION_QUEUE), {})
+    path = RecordingPath(fleet)
+    gate.bind(path)  # type: ignore[arg-type]  # a recording stand-in for ResilientDispatch
+    uid = 1000
+    for k, step in enumerate(ADMISSION_SCRIPT):
+        now = k * ADMISSION_SPACING_S
+        if step[0] == "queue":
+            e = engines[step[1]]
+            for _ in range(step[2]):
+                uid += 1
+                spec = RequestSpec(uid, now, 10, 10)
+                info = RequestInfo(str(uid), "m", 10, 10, arrival_s=now)
+                e.submit(Seq(uid, spec, info, RequestRecord(uid, "default", now, 10, 10), 16), now)
+        elif step[0] == "ttft":
+            engines[step[1]].ttft.observe(step[2], step[3])  # as the engine does at a first token
+        elif step[0] == "down":
+            engines[step[1]].ready = False
+            engines[step[1]].changed.add(step[1])
+        else:
+            spec = _spec(k, step[1], step[2], step[3], step[4], now)
+            gate.dispatch(now, _Pending(spec, RequestRecord(k, "default", now, spec.prompt_tokens, 16)))
+    return path.decisions
+
+
+def admission_gateway_side() -> list[tuple[str, str]]:
+    """The gateway's :class:`PoolAdmission` over real :class:`Upstream` objects that scrape the same
+    queues and observe the same first tokens."""
+    _, engines = _engines()
+    mirror = GatewayMirror(engines)
+    pool = PoolAdmission(
+        "m",
+        AdmissionQueue.from_params(ADMISSION_QUEUE, pool="m"),
+        LoadShedder.from_params({}),
+        lambda: 100 * sum(u.view().healthy for u in mirror.ups.values()),
+        AdmissionMetrics(CollectorRegistry(), dict),
+        views=lambda: [u.view() for u in mirror.ups.values()],
+        ttft=mirror.ttft,
+    )
+    queued = {e.id: 0 for e in engines}
+    decisions: list[tuple[str, str]] = []
+
+    async def admit(info: RequestInfo, cls: PriorityClass, now: float) -> None:
+        try:
+            await pool.admit(info, cls, now)
+        except Refused as err:
+            reason = "shed_ttft_over_budget" if "ttft_over_budget" in err.message else err.code
+            decisions.append(("refused", reason))
+        else:
+            decisions.append(("admitted", ""))
+            pool.release(info)
+
+    for k, step in enumerate(ADMISSION_SCRIPT):
+        now = k * ADMISSION_SPACING_S
+        if step[0] == "queue":
+            u = mirror.ups[engines[step[1]].id]
+            queued[u.id] += step[2]
+            u.apply_metrics(RuntimeMetrics(waiting=queued[u.id]), now=now)
+        elif step[0] == "ttft":
+            mirror.ups[engines[step[1]].id].observe_ttft(step[2], step[3])
+        elif step[0] == "down":
+            mirror.ups[engines[step[1]].id].record_failure("connection refused")
+        else:
+            spec = _spec(k, step[1], step[2], step[3], step[4], now)
+            info = RequestInfo(
+                str(k), "m", spec.prompt_tokens, 16, priority=spec.priority, arrival_s=now,
+                workflow=spec.workflow, latency_budget_s=spec.latency_budget_s,
+            )  # fmt: skip
+            asyncio.run(admit(info, PriorityClass.from_value(spec.priority), now))
+    return decisions
+
+
+def test_both_shells_admit_and_shed_up_front_identically() -> None:
+    twin = admission_twin_side()
+    gateway = admission_gateway_side()
+    assert twin == gateway
+    assert twin.count(("refused", "shed_ttft_over_budget")) == 5, twin
+    assert twin[0] == twin[1] == twin[-1] == ("admitted", ""), twin  # no prediction yet; in budget
