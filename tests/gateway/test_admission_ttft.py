@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from tokenplane.core.admission import AdmissionQueue, PriorityClass
 from tokenplane.core.shedding import LoadShedder, TtftPredictor
+from tokenplane.core.ttft import PoolTtft
 from tokenplane.core.views import InstanceView, RequestInfo
 from tokenplane.gateway.admission import AdmissionMetrics, PoolAdmission
 from tokenplane.gateway.errors import PoolSaturated
@@ -32,10 +33,18 @@ def _pool(
         lambda: capacity,
         AdmissionMetrics(registry, lambda: pools),
         views=None if views is None else (lambda: views),
-        predictor=predictor if predictor is not None else TtftPredictor(mean_prefill_s=0.2),
+        ttft=_observed(predictor if predictor is not None else TtftPredictor(mean_prefill_s=0.2)),
     )
     pools["m"] = pool
     return pool, registry
+
+
+def _observed(predictor: TtftPredictor) -> PoolTtft:
+    """A pool TTFT that has observed one first token at exactly the predictor's mean (so it
+    predicts, and the mean stays where the test set it)."""
+    ttft = PoolTtft(predictor)
+    ttft.observe(predictor.mean_prefill_s, 0)
+    return ttft
 
 
 def _info(budget_s: float | None, now: float, prompt_tokens: int = 1000) -> RequestInfo:
@@ -85,7 +94,7 @@ async def test_the_class_budget_is_the_deadline_without_a_request_budget() -> No
         lambda: 8,
         AdmissionMetrics(registry, dict),
         views=lambda: BUSY,
-        predictor=TtftPredictor(mean_prefill_s=0.2),
+        ttft=_observed(TtftPredictor(mean_prefill_s=0.2)),
     )
     now = time.monotonic()
     with pytest.raises(PoolSaturated, match=r"2\.10 s, over the request's latency budget of 1\.5 s"):

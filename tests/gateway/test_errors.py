@@ -306,3 +306,21 @@ async def test_the_instance_reads_what_the_gateway_validated(upstreams, gateway,
     assert status == 200, body
     sent = ups[0].raw_requests[-1]
     assert sent.count(b'"max_tokens"') == 1 and msgspec.json.decode(sent)["max_tokens"] == 5
+
+
+def test_the_error_tree_is_whole_in_errors_py_and_old_import_paths_still_work() -> None:
+    from tokenplane.gateway import ConfigError as FromPackage
+    from tokenplane.gateway import errors
+    from tokenplane.gateway.config import ConfigError as FromConfig
+    from tokenplane.gateway.transports.httptools_connection import UpstreamConnectionError
+    from tokenplane.gateway.workflows import InvalidHint, WorkflowNotFound
+
+    assert FromPackage is FromConfig is errors.ConfigError and issubclass(errors.ConfigError, ValueError)
+    assert UpstreamConnectionError is errors.UpstreamConnectionError
+    assert issubclass(UpstreamConnectionError, ConnectionError)
+    assert InvalidHint is errors.InvalidHint and issubclass(InvalidHint, errors.InvalidParameter)
+    assert WorkflowNotFound is errors.WorkflowNotFound and WorkflowNotFound.status == 404
+    tree = errors.__doc__ or ""
+    for name, obj in vars(errors).items():
+        if isinstance(obj, type) and issubclass(obj, Exception) and obj.__module__ == errors.__name__:
+            assert name in tree, f"{name} is missing from the hierarchy in gateway/errors.py's docstring"

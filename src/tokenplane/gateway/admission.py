@@ -10,16 +10,16 @@ and the oldest wait, per class: batch sheds first) and then waits on a future un
 token-weighted service, then earliest deadline), or its deadline passes, or a higher class evicts it.
 
 SLO-predictive shedding: given the pool's instance views and its
-:class:`~tokenplane.core.shedding.TtftPredictor` (fed with observed TTFTs, see
-:class:`~tokenplane.gateway.view_signals.PoolTtft`), a request is shed before it is offered when the
-core's :class:`~tokenplane.core.shedding.LoadShedder` answers ``TTFT_OVER_BUDGET``: ``now +
-predicted TTFT > deadline``, the work would be spent on an answer that comes too late anyway. The
-deadline is the queue's (arrival plus the request's latency budget, ``RequestInfo.latency_budget_s``
-where set, else its class's ``budget_s``: a time-to-first-token budget). A queued request's load
-signal carries the same prediction. Without views and predictor (the default) nothing is
-predicted, as before; the gateway's up-front check waits for the pool's first observed TTFT
-(``predicting``), so a pool that has served no stream builds no views for it. An infinite
-prediction (no usable instance) sheds nothing here: routing answers that with its own error.
+:class:`~tokenplane.core.ttft.PoolTtft` (the core's TTFT predictor, fed with observed TTFTs), a
+request is shed before it is offered by the core's up-front rule,
+:func:`~tokenplane.core.ttft.ttft_up_front`, which the twin's admission applies the same way:
+``TTFT_OVER_BUDGET`` when ``now + predicted TTFT > deadline``, the work would be spent on an
+answer that comes too late anyway. The deadline is the queue's (arrival plus the request's latency
+budget, ``RequestInfo.latency_budget_s`` where set, else its class's ``budget_s``: a
+time-to-first-token budget). A queued request's load signal carries the same prediction. Without
+views and a pool TTFT (the default) nothing is predicted; the rule waits for the pool's first
+observed TTFT, so a pool that has served no stream builds no views for it. An infinite prediction
+(no usable instance) sheds nothing here: routing answers that with its own error.
 
 Refusals are errors (rendered at the edge, with ``Retry-After``): 429 when the tenant is over its
 own share (``TENANT_QUEUE_FULL``, or it expired while held by its in-flight limit), 503 when the
@@ -37,7 +37,6 @@ Cost when the pool has room: one ``offer`` (a few dict reads and two counter add
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
@@ -51,7 +50,8 @@ from tokenplane.core.admission import (
     AdmissionReason,
     PriorityClass,
 )
-from tokenplane.core.shedding import LoadShedder, LoadSignal, ShedReason, TtftPredictor, load_signal
+from tokenplane.core.shedding import LoadShedder, LoadSignal, load_signal
+from tokenplane.core.ttft import PoolTtft, ttft_up_front
 from tokenplane.core.views import InstanceView, RequestInfo
 from tokenplane.gateway.errors import PoolSaturated, Refused, TenantOverShare
 
@@ -116,8 +116,7 @@ class PoolAdmission:
         metrics: AdmissionMetrics,
         *,
         views: Callable[[], Sequence[InstanceView]] | None = None,
-        predictor: TtftPredictor | None = None,
-        predicting: Callable[[], bool] | None = None,
+        ttft: PoolTtft | None = None,
     ) -> None:
         self.model = model
         self.queue = queue
@@ -125,11 +124,8 @@ class PoolAdmission:
         self._capacity = capacity
         self._metrics = metrics
         self._views = views
-        self.predictor = predictor
-        # Whether the predictor has data yet (the gateway's: a TTFT observed in this pool); until
-        # then the up-front check is skipped, and the views are not built for it on every request.
-        self._predicting = predicting
-        """The pool's TTFT model; with ``views``, admission predicts TTFT (see the module docstring)."""
+        self.ttft = ttft
+        """The pool's observed TTFT; with ``views``, admission predicts TTFT (see the module docstring)."""
         self.in_flight = 0
         self._waiters: dict[str, asyncio.Future[None]] = {}
 
@@ -146,11 +142,8 @@ class PoolAdmission:
         """Wait until the request may go; returns its deadline. Raises a :class:`Refused`.
         ``capacity``: :meth:`capacity` as the caller just read it (saves summing it again)."""
         queue = self.queue
-        if (
-            self.predictor is not None
-            and self._views is not None
-            and (self._predicting is None or self._predicting())
-        ):
+        ttft = self.ttft
+        if ttft is not None and self._views is not None and ttft.observed:
             self._shed_if_too_late(info, priority, now)
         total = self._capacity() if capacity is None else capacity
         free = total - self.in_flight
@@ -201,27 +194,26 @@ class PoolAdmission:
     def load_signal(self, info: RequestInfo, queue_depth: int, now: float) -> LoadSignal:
         """The pool's load as the shedder reads it; with the TTFT model, its predicted TTFT too."""
         oldest = self.queue.oldest_wait_s(now=now)
-        if self.predictor is None or self._views is None:
+        if self.ttft is None or self._views is None:
             return LoadSignal(queue_depth=queue_depth, oldest_wait_s=oldest)
         return load_signal(
             self._views(),
             queue_depth=queue_depth,
             oldest_wait_s=oldest,
-            predictor=self.predictor,
+            predictor=self.ttft.predictor,
             prompt_tokens=info.prompt_tokens,
         )
 
     def _shed_if_too_late(self, info: RequestInfo, priority: PriorityClass, now: float) -> None:
-        deadline = self.queue.deadline_for(info, priority, info.latency_budget_s)
-        budget = deadline - info.arrival_s
-        signal = self.load_signal(info, self.queue.depth, now)
-        shed = self.shedder.decide(priority, signal, now=now, deadline_s=deadline)
-        # An infinite prediction means no usable instance: routing says so, with its own error.
-        if shed.reason is ShedReason.TTFT_OVER_BUDGET and math.isfinite(signal.predicted_ttft_s):
-            self._metrics.shed.labels(shed.reason.value).inc()
+        ttft = self.ttft
+        assert ttft is not None and self._views is not None
+        up = ttft_up_front(ttft, self._views, info, priority, self.queue, self.shedder, now=now)
+        if up.shed:
+            self._metrics.shed.labels(up.reason.value).inc()
             raise PoolSaturated(
-                f"shed ({shed.reason.value}): the predicted time to first token on {self.model!r} is "
-                f"{signal.predicted_ttft_s:.2f} s, over the request's latency budget of {budget:.3g} s",
+                f"shed ({up.reason.value}): the predicted time to first token on {self.model!r} is "
+                f"{up.predicted_ttft_s:.2f} s, over the request's latency budget of "
+                f"{up.deadline_s - info.arrival_s:.3g} s",
                 code="shed",
                 retry_after_s=self.queue.retry_after_s(now=now),
             )

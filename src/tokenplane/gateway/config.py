@@ -57,6 +57,7 @@ from tokenplane.control.config import AutoscalingConfig
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.routing import build_router
 from tokenplane.gateway.config_env import expand_env
+from tokenplane.gateway.errors import ConfigError as ConfigError
 from tokenplane.gateway.resilience_config import AdmissionParams, BreakerParams, RetryConfig
 from tokenplane.ledger.store import DEFAULT_MAX_SETTLED
 
@@ -95,10 +96,6 @@ class InstanceKind(StrEnum):
 
 
 _HASHED_KEY = re.compile(r"^sha256:[0-9a-f]{64}$")
-
-
-class ConfigError(ValueError):
-    """The configuration file is missing, unreadable or invalid; the message names the field."""
 
 
 def hash_key(raw: str) -> str:

@@ -6,22 +6,39 @@ Hierarchy::
     ├── InvalidRequest                400 invalid_request_error
     │   ├── MalformedJSON             400 the body is not a JSON object
     │   ├── InvalidParameter          400 a field is missing or has the wrong type or range
+    │   │   └── InvalidHint           400 a workflow hint (header or body field) is malformed
     │   └── ContextLengthExceeded     400 max_tokens or the prompt is over the limit
     ├── BodyTooLarge                  413 the body is over limits.max_body_bytes
     ├── AuthenticationFailed          401 missing or unknown API key
     ├── ModelNotFound                 404 no such model (or not one this tenant may use)
-    ├── RouteNotFound                 404 / 405 unknown path or method
+    ├── WorkflowNotFound              404 no such workflow (the admin API)
+    ├── RouteNotFound                 404 unknown path
+    │   └── MethodNotAllowed          405 known path, other method
     ├── Refused                       429 / 503, with Retry-After
     │   ├── TenantConcurrencyExceeded 429 the tenant has max_concurrency requests in flight
     │   ├── TenantRateLimited         429 a requests- or tokens-per-minute limit is spent
     │   ├── TenantOverShare           429 admission: the tenant's queue or in-flight share is full
     │   ├── KvWorkingSetFull          429 a new task while the tasks in progress fill the KV cache
     │   ├── PoolSaturated             503 admission: queue full, shed, or expired while queued
-    │   └── NoHealthyInstance         503 no ready and healthy instance (or every breaker open)
+    │   ├── NoHealthyInstance         503 no ready and healthy instance (or every breaker open)
+    │   └── LedgerUnreachable         503 the workflow ledger's store cannot be reached
     └── UpstreamError                 502 / 504, the instance failed us
         ├── UpstreamUnavailable       502 connection refused or reset, or a 5xx answer
         ├── UpstreamProtocolError     502 the answer is not what the API promises
         └── UpstreamTimeout           504 no answer within limits.upstream_timeout_s
+            ├── UpstreamStalled       504 a stream went silent mid-way
+            └── DeadlineExceeded      504 the request's own latency budget ran out
+
+Two more are never answered as such:
+
+    ConfigError (a ValueError)        the configuration file is missing, unreadable or invalid,
+                                      raised at start-up; the message names the field
+    UpstreamConnectionError           the hot-path client's transport failure (a ConnectionError);
+                                      the attempt turns it into UpstreamUnavailable
+
+``ConfigError`` is re-exported by ``gateway.config`` and ``tokenplane.gateway``, the others by the
+modules that first defined them (``gateway.workflows``,
+``gateway.transports.httptools_connection``).
 
 Every error renders as ``{"error": {"message", "type", "code", "param"}}`` through
 :func:`error_response` (a whole response) or :func:`error_event` (an SSE event that ends a stream
@@ -34,6 +51,17 @@ from typing import ClassVar
 
 import msgspec
 from aiohttp import web
+from mypy_extensions import mypyc_attr
+
+
+@mypyc_attr(native_class=False)  # like every exception class here that derives from a builtin
+class ConfigError(ValueError):
+    """The configuration file is missing, unreadable or invalid; the message names the field."""
+
+
+@mypyc_attr(native_class=False)  # other than Exception (see CONTRIBUTING.md, "The compiled build")
+class UpstreamConnectionError(ConnectionError):
+    """The instance refused, reset or closed the connection, or sent something that is not HTTP."""
 
 
 class GatewayError(Exception):
@@ -79,6 +107,10 @@ class ContextLengthExceeded(InvalidRequest):
     default_code = "context_length_exceeded"
 
 
+class InvalidHint(InvalidParameter):
+    default_code = "invalid_workflow_hint"
+
+
 class BodyTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
@@ -97,6 +129,12 @@ class ModelNotFound(GatewayError):
     default_code = "model_not_found"
 
 
+class WorkflowNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "workflow_not_found"
+
+
 class RouteNotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
@@ -112,6 +150,10 @@ class Refused(GatewayError):
     status = 503
     type = "service_unavailable"
     default_code = "refused"
+
+
+class LedgerUnreachable(Refused):
+    default_code = "ledger_unavailable"
 
 
 class TenantConcurrencyExceeded(Refused):

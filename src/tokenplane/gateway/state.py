@@ -118,8 +118,7 @@ class Gateway:
                 self._capacity_of(m.name),
                 adm_metrics,
                 views=functools.partial(self.pool.views, m.name),
-                predictor=self.pool.ttft(m.name).predictor,
-                predicting=self.pool.ttft(m.name).has_observed,
+                ttft=self.pool.ttft(m.name),
             )
         self._avoid_move_delay(config)
         self._housekeeping: asyncio.Task[None] | None = None

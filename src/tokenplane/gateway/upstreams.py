@@ -39,7 +39,14 @@ from tokenplane.core.views import InstanceView
 from tokenplane.gateway.check_rounds import check_round, every
 from tokenplane.gateway.config import HealthConfig, InstanceConfig, ScrapeConfig
 from tokenplane.gateway.runtimes import Runtime, RuntimeMetrics, runtime_for
-from tokenplane.gateway.view_signals import COLD, WARM, WARMING, PoolTtft, catalogue_kv_bytes_per_token
+from tokenplane.gateway.view_signals import (
+    COLD,
+    WARM,
+    WARMING,
+    PoolTtft,
+    catalogue_kv_bytes_per_token,
+    free_kv_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -257,9 +264,6 @@ class Upstream:
         m = self.metrics
         c = self.config
         capacity = c.kv_capacity_tokens or m.kv_capacity_tokens
-        usage = m.kv_usage
-        if not 0.0 <= usage <= 1.0:
-            usage = 0.0 if usage < 0.0 else 1.0  # NaN counts as full, as the placement router does
         return InstanceView(
             instance_id=self.id,
             model=self.model,
@@ -274,8 +278,8 @@ class Upstream:
             kv_capacity_tokens=capacity,
             price_per_hour=c.price_per_hour,
             weights=self._weights,
-            hbm_free_bytes=int(capacity * (1.0 - usage) * self.kv_bytes_per_token),
-            predicted_ttft_s=self._ttft.for_waiting(int(m.waiting)) if self._weights is WARM else 0.0,
+            hbm_free_bytes=free_kv_bytes(capacity, m.kv_usage, self.kv_bytes_per_token),
+            predicted_ttft_s=self._ttft.view_ttft_s(int(m.waiting), self._weights),
             labels=self.labels,
         )
 

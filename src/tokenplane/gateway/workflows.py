@@ -52,7 +52,14 @@ from tokenplane.core.views import RequestInfo, WorkflowContext
 from tokenplane.core.workflow_hints import HEADER_PREFIX, HintError, WorkflowHints, parse_workflow_hints
 from tokenplane.gateway.config import InstanceConfig, LedgerConfig
 from tokenplane.gateway.economics import CostModel, EconomicsMetrics
-from tokenplane.gateway.errors import GatewayError, InvalidParameter, InvalidRequest, MalformedJSON, Refused
+from tokenplane.gateway.errors import (
+    InvalidHint,
+    InvalidParameter,
+    InvalidRequest,
+    LedgerUnreachable,
+    MalformedJSON,
+    WorkflowNotFound,
+)
 from tokenplane.gateway.tenants import Tenant
 from tokenplane.gateway.wire import decode_outcome
 from tokenplane.ledger import (
@@ -89,20 +96,6 @@ MAX_SPEND_CACHE = 100_000
 """Open workflows whose running spend is kept in memory (oldest forgotten first beyond it)."""
 
 _encode = msgspec.json.Encoder().encode
-
-
-class InvalidHint(InvalidParameter):
-    default_code = "invalid_workflow_hint"
-
-
-class WorkflowNotFound(GatewayError):
-    status = 404
-    type = "invalid_request_error"
-    default_code = "workflow_not_found"
-
-
-class LedgerUnreachable(Refused):
-    default_code = "ledger_unavailable"
 
 
 class LedgerQueueCollector:

@@ -9,6 +9,11 @@ clients (timeouts, retries) and the router, and drives the core's policies as th
   engine); a request that finds no free slot waits in the core
   :class:`~tokenplane.core.admission.AdmissionQueue` (bounded by ``queue.max_depth``), and is
   dispatched from it when a slot frees (``next``);
+* before it is offered, the core's up-front rule (:func:`~tokenplane.core.ttft.ttft_up_front`, as
+  the gateway applies it) sheds it when the predicted TTFT (the fleet's
+  :class:`~tokenplane.core.ttft.PoolTtft`, fed by the engines' first tokens) is over its latency
+  budget (``latency_budget_s``, else its class's budget), once the pool has observed a first
+  token;
 * before it would queue, the core :class:`~tokenplane.core.shedding.LoadShedder` may shed it (queue
   depth, oldest wait, predicted TTFT against its deadline);
 * a queued request expires at its deadline: ``arrival + client timeout`` (the client gives up), or
@@ -62,7 +67,7 @@ import msgspec
 from tokenplane.core.admission import AdmissionQueue, PriorityClass
 from tokenplane.core.economics import TokenCosts
 from tokenplane.core.retry_budget import RetryBudget, first_attempt_cost, retry_cost
-from tokenplane.core.shedding import LoadShedder, TtftPredictor, load_signal
+from tokenplane.core.shedding import LoadShedder, load_signal
 from tokenplane.core.task_admission import (
     KvWorkingSetLimit,
     TaskAwareAdmission,
@@ -71,6 +76,7 @@ from tokenplane.core.task_admission import (
     peak_context_tokens,
     starts_reusable_task,
 )
+from tokenplane.core.ttft import ttft_up_front
 from tokenplane.core.views import InstanceView, RequestInfo
 from tokenplane.core.workflow_value import WorkflowValueModel
 from tokenplane.sim.engine import Seq
@@ -108,7 +114,6 @@ class AdmissionGate:
         self.settings = admission
         self.task_aware = admission.policy == "task-aware"
         self.queue, self.shedder, self.policy, self.retry_budget = build_admission_policies(admission)
-        self.predictor = TtftPredictor()
         self.cap = admission.max_in_flight_per_instance
         self.prices = dict(prices)
         n = max(1, len(self.prices))
@@ -155,6 +160,8 @@ class AdmissionGate:
     def bind(self, path: ResilientDispatch) -> None:
         self.path = path
         self.fleet = path.fleet
+        # The fleet's model pool TTFT, fed by its engines' first tokens: the gateway's pool's twin.
+        self.ttft = path.fleet.pool_ttft(path.fleet.model)
 
     # -- arrivals: fill the workflow's sunk cost ---------------------------------------------------
     def on_arrival(self, now: float, spec: RequestSpec) -> RequestSpec:
@@ -241,13 +248,18 @@ class AdmissionGate:
         views = self.fleet.fresh_views()
         if self.working_set is not None and not self._working_set_admits(p, info, views, now):
             return
+        # The core's up-front rule, applied as the gateway's admission applies it.
+        up = ttft_up_front(self.ttft, self.fleet.fresh_views, info, cls, self.queue, self.shedder, now=now)
+        if up.shed:
+            self._refuse(p, now, f"shed_{up.reason.value}")
+            return
         capacity, total = self._capacity(views)
         if capacity <= 0:
             signal = load_signal(
                 [v for v in views if v.ready],
                 queue_depth=self.queue.depth,
                 oldest_wait_s=self.queue.oldest_wait_s(now=now),
-                predictor=self.predictor,
+                predictor=self.ttft.predictor,
                 prompt_tokens=info.prompt_tokens,
             )
             shed = self.shedder.decide(cls, signal, now=now, deadline_s=deadline)

@@ -38,6 +38,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tokenplane.sim.errors import CatalogError as CatalogError
+from tokenplane.sim.errors import UnknownHardware as UnknownHardware
+
 GIB = 1024**3
 
 # --- Calibrated efficiency constants --------------------------------------------------------------
@@ -67,23 +70,6 @@ DEFAULT_KNEE_SHARPNESS = (H100_KNEE_SHARPNESS + A100_KNEE_SHARPNESS) / 2
 # tokens against the 2588 blocks x 16 = 41,408 that vLLM 0.19 reported
 # (vllm-measurements/RTX4090_Llama-3.1-8B/meta.json): -0.2 %.
 DEFAULT_ACTIVATION_RESERVE_GIB = 1.6
-
-
-class UnknownHardware(KeyError):
-    """A GPU or model name the catalogue does not know; the message lists the known names."""
-
-    def __init__(self, kind: str, name: str, known: Iterable[str]) -> None:
-        self.kind = kind
-        self.name = name
-        self.known = sorted(known)
-        super().__init__(f"unknown {kind} {name!r}; known {kind}s: {', '.join(self.known)}")
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class CatalogError(ValueError):
-    """Invalid catalogue configuration (bad field, bad type, unreadable YAML)."""
 
 
 @dataclass(frozen=True, slots=True)

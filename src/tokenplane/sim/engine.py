@@ -26,6 +26,7 @@ from typing import Protocol
 
 import msgspec
 
+from tokenplane.core.ttft import PoolTtft, free_kv_bytes
 from tokenplane.core.views import InstanceView, RequestInfo
 from tokenplane.sim.kvcache import KVCache
 from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
@@ -78,10 +79,12 @@ class Seq:
         "prompt",
         "record",
         "residue",
+        "sent_s",
         "spec",
         "state",
         "step0",
         "uid",
+        "waiting_ahead",
     )
 
     def __init__(
@@ -108,6 +111,8 @@ class Seq:
         self.finish_step = 0
         self.residue = 0
         self.last_token_s = 0.0
+        self.sent_s = 0.0  # when it was submitted to its engine, and the queue it found there:
+        self.waiting_ahead = 0  # its first token feeds the pool's TTFT model with both
 
 
 FinishFn = Callable[[Seq, float], None]
@@ -151,6 +156,7 @@ class ContinuousEngine:
         "id",
         "index",
         "kv",
+        "kv_bytes_per_token",
         "model",
         "n_dec",
         "on_token",
@@ -163,6 +169,7 @@ class ContinuousEngine:
         "slow",
         "sum_ctx",
         "tbt",
+        "ttft",
         "version",
         "waiting",
         "weights",
@@ -180,8 +187,16 @@ class ContinuousEngine:
         tbt: TbtHistogram,
         schedule_late: ScheduleFn | None = None,
         on_token: TokenFn | None = None,
+        kv_bytes_per_token: int = 0,
+        ttft: PoolTtft | None = None,
     ) -> None:
         self.id = instance_id
+        # The view's seven-axis fields, as the gateway fills them: ``hbm_free_bytes`` from the free
+        # KV cache (:func:`~tokenplane.core.ttft.free_kv_bytes`), ``predicted_ttft_s`` from the
+        # pool's observed TTFT (the fleet shares one :class:`PoolTtft` per model; fed here at each
+        # sequence's first token).
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.ttft = ttft if ttft is not None else PoolTtft()
         self.cfg = config
         self.model = step_times
         # Real-time use (the emulator) needs every token as it is produced: then the engine steps
@@ -245,6 +260,8 @@ class ContinuousEngine:
     def submit(self, seq: Seq, now: float) -> None:
         if not self.kv.prefix_caching:
             seq.hashes, seq.nbh, seq.hblock = (), 0, 1
+        seq.sent_s = now
+        seq.waiting_ahead = len(self.waiting)
         self.waiting.append(seq)
         self.outstanding_tokens += seq.spec.prompt_tokens + seq.info.max_output_tokens
         self.changed.add(self.index)
@@ -340,6 +357,8 @@ class ContinuousEngine:
         # Views are rebuilt at every state change the router may see: copy the fields that never
         # change from a template (cheaper than building all of them, labels' factory included).
         running, waiting = len(self.running), len(self.waiting)
+        usage = self.kv.usage
+        weights = self.weights
         return _replace(
             self._view_template,
             ready=self.ready,
@@ -347,8 +366,10 @@ class ContinuousEngine:
             outstanding_tokens=self.outstanding_tokens,
             running=running,
             waiting=waiting,
-            kv_usage=self.kv.usage,
-            weights=self.weights,
+            kv_usage=usage,
+            weights=weights,
+            hbm_free_bytes=free_kv_bytes(self.capacity_tokens, usage, self.kv_bytes_per_token),
+            predicted_ttft_s=self.ttft.view_ttft_s(waiting, weights),
         )
 
     def busy_seconds(self, now: float) -> float:
@@ -641,6 +662,8 @@ class ContinuousEngine:
                 # The step that completes a prefill samples a token; after a recompute
                 # preemption that is the request's next token, not its first.
                 seq.generated += 1
+                if seq.generated == 1:  # this attempt's first token (not one after a preemption)
+                    self.ttft.observe(now - seq.sent_s, seq.waiting_ahead)
                 if seq.record.first_token_s is None:
                     seq.record.first_token_s = now
                 else:

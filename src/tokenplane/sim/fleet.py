@@ -14,6 +14,11 @@ and retry through the core's retry plan, faults and breakers, and optionally an 
 (:meth:`Engine.bind`), and a listener (the autoscaler) may follow each finish through
 :attr:`Fleet.after_finish`.
 
+Seven-axis view fields: each engine's view carries ``hbm_free_bytes`` (its free KV cache in bytes)
+and ``predicted_ttft_s`` from its model pool's :class:`~tokenplane.core.ttft.PoolTtft`, which the
+fleet shares between the pool's engines (:meth:`Fleet.pool_ttft`) and which their first tokens
+feed, as the gateway fills both.
+
 With ``precise_kv`` the fleet fills ``RequestInfo.cached_prefix_tokens`` from each engine's own
 prefix cache (:meth:`Engine.cached_prefix_tokens`), as the gateway does from vLLM's KV events.
 """
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tokenplane.core.routing.base import Router
+from tokenplane.core.ttft import PoolTtft
 from tokenplane.core.views import InstanceView, RequestInfo, WorkflowContext
 from tokenplane.sim.engine import FinishFn, Seq
 from tokenplane.sim.kernel import EventLoop
@@ -37,6 +43,7 @@ class Engine(Protocol):
 
     id: str
     record: InstanceRecord
+    ttft: PoolTtft  # its model pool's observed TTFT (the fleet shares one per model)
 
     def bind(self, index: int, changed: set[int], on_finish: FinishFn | None = None) -> None: ...
     def cached_prefix_tokens(self, spec: RequestSpec) -> int: ...
@@ -98,6 +105,13 @@ class Fleet:
         self._changed: set[int] = set()
         for i, e in enumerate(self.engines):
             e.bind(i, self._changed, self._finished)
+        # One observed-TTFT model per model pool, fed by its engines' first tokens and read by their
+        # views (``predicted_ttft_s``) and by admission's up-front rule, as the gateway's pool does.
+        self.ttft: dict[str, PoolTtft] = {}
+        self._ttft_pools: list[PoolTtft] = []
+        for e in self.engines:
+            e.ttft = self.pool_ttft(e.record.model)
+        self._ttft_seen = self._ttft_version()
         self.views: list[InstanceView] = [e.view() for e in self.engines]
         self.records: list[RequestRecord] = []
         self._arrivals: Iterator[RequestSpec] = iter(ctx.workload.arrivals())
@@ -150,9 +164,28 @@ class Fleet:
         self.records.append(rec)
         return rec
 
+    def pool_ttft(self, model: str) -> PoolTtft:
+        """The model pool's observed TTFT (shared by its engines' views and by admission)."""
+        t = self.ttft.get(model)
+        if t is None:
+            t = self.ttft[model] = PoolTtft()
+            self._ttft_pools = list(self.ttft.values())
+        return t
+
+    def _ttft_version(self) -> int:
+        pools = self._ttft_pools
+        if len(pools) == 1:
+            return pools[0].version
+        return sum(t.version for t in pools)
+
     def fresh_views(self) -> list[InstanceView]:
-        """The instances' views, rebuilt for the engines whose state changed since last asked."""
+        """The instances' views, rebuilt for the engines whose state changed since last asked (all
+        of them when a pool's TTFT model published a new mean)."""
         views = self.views
+        version = self._ttft_version()
+        if version != self._ttft_seen:
+            self._ttft_seen = version
+            self._changed.update(range(len(self.engines)))
         if self._changed:
             engines = self.engines
             for i in self._changed:

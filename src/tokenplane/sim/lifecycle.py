@@ -73,6 +73,7 @@ class Lifecycle:
         *,
         land_to_warm: bool,
         on_landed: Callable[[float], None] | None = None,
+        on_stopped: Callable[[str], None] | None = None,
     ) -> None:
         if not (len(engines) == len(timings) == len(initial)):
             raise ValueError("one timing and one initial state per engine")
@@ -81,6 +82,9 @@ class Lifecycle:
         self.timings = list(timings)
         self.land_to_warm = land_to_warm
         self.on_landed = on_landed
+        # Called with an instance's id when it stops (it left the fleet): the router forgets it,
+        # as the gateway's does when its autoscaler removes an instance.
+        self.on_stopped = on_stopped
         n = len(self.engines)
         self.state = [STOPPED] * n
         self._held_s = [0.0] * n
@@ -134,6 +138,8 @@ class Lifecycle:
         e.ready = state == SERVING
         e.weights = _WEIGHTS[state]
         e.changed.add(e.index)
+        if state == STOPPED and old != STOPPED and self.on_stopped is not None:
+            self.on_stopped(e.id)
 
     def start_cold(self, i: int, now: float) -> None:
         if self.state[i] != STOPPED:

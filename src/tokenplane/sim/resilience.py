@@ -429,6 +429,9 @@ class ResilientDispatch:
                     self._report(p, AttemptOutcome(result, engine.id, 0, now), "instance_lost")
                 else:
                     self.end(p, now, ok=False, reason="instance_lost")
+        # Its KV cache is gone (a replacement starts empty): the router forgets what it knew of it
+        # once its requests have left it, as the gateway's does when an instance goes down.
+        self.router.forget(engine.id)
 
     # -- the fleet's part ------------------------------------------------------------------------
     def start(self) -> None:

@@ -107,6 +107,7 @@ def simulate(
                     schedule_late=loop.schedule_late,
                     record=InstanceRecord(iid, gpu.name, model.name, price),
                     tbt=tbt,
+                    kv_bytes_per_token=int(model.kv_bytes_per_token),
                 )
             )
             timings.append(timing)
@@ -151,6 +152,7 @@ def simulate(
             lifecycle.on_landed = shell.on_landed
             fleet.after_finish = shell.on_finish
             shell.start()
+        lifecycle.on_stopped = ctx.router.forget  # a stopped instance left the fleet
         # the views were built before the lifecycle set each instance's state
         fleet.views = [e.view() for e in engines]
 

@@ -29,12 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.routing import build_router
 from tokenplane.sim.catalog import Catalog, UnknownHardware
+from tokenplane.sim.errors import ScenarioError as ScenarioError
+from tokenplane.sim.errors import WorkloadConfigError
 from tokenplane.sim.faults import ClientSpec, ControlSpec, FaultSpec
-from tokenplane.sim.workloads.factory import WorkloadConfigError, check_workload_config
-
-
-class ScenarioError(ValueError):
-    """A scenario file cannot be read or does not validate; the message names the field."""
+from tokenplane.sim.workloads.factory import check_workload_config
 
 
 class EngineSettings(BaseModel):

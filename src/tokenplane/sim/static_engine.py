@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from tokenplane.core.ttft import PoolTtft, free_kv_bytes
 from tokenplane.core.views import InstanceView
 from tokenplane.sim.engine import EngineConfig, FinishFn, ScheduleFn, Seq, StepTimes, _ignore_finish
 from tokenplane.sim.records import InstanceRecord, TbtHistogram
@@ -31,8 +32,12 @@ class StaticEngine:
         record: InstanceRecord,
         tbt: TbtHistogram,
         schedule_late: ScheduleFn | None = None,
+        kv_bytes_per_token: int = 0,
+        ttft: PoolTtft | None = None,
     ) -> None:
         self.id = instance_id
+        self.kv_bytes_per_token = kv_bytes_per_token  # the view's seven-axis fields, as the
+        self.ttft = ttft if ttft is not None else PoolTtft()  # continuous engine fills them
         self.cfg = config
         self.model = step_times
         self._schedule = schedule
@@ -55,6 +60,8 @@ class StaticEngine:
         return spec.prompt_tokens + spec.output_tokens <= self.reserve
 
     def submit(self, seq: Seq, now: float) -> None:
+        seq.sent_s = now
+        seq.waiting_ahead = len(self.waiting)
         self.waiting.append(seq)
         self.outstanding_tokens += seq.spec.prompt_tokens + seq.info.max_output_tokens
         self.changed.add(self.index)
@@ -77,6 +84,8 @@ class StaticEngine:
     def view(self) -> InstanceView:
         rec = self.record
         in_batch = len(self.batch)
+        waiting = len(self.waiting)
+        usage = in_batch / self.slots
         return InstanceView(
             instance_id=self.id,
             model=rec.model,
@@ -84,10 +93,12 @@ class StaticEngine:
             outstanding_requests=in_batch + len(self.waiting),
             outstanding_tokens=self.outstanding_tokens,
             running=in_batch,
-            waiting=len(self.waiting),
-            kv_usage=in_batch / self.slots,
+            waiting=waiting,
+            kv_usage=usage,
             kv_capacity_tokens=self.cfg.kv_capacity_tokens,
             price_per_hour=rec.price_per_hour,
+            hbm_free_bytes=free_kv_bytes(self.cfg.kv_capacity_tokens, usage, self.kv_bytes_per_token),
+            predicted_ttft_s=self.ttft.view_ttft_s(waiting, "warm"),
         )
 
     def cached_prefix_tokens(self, spec: RequestSpec) -> int:
@@ -126,6 +137,7 @@ class StaticEngine:
             rec = seq.record
             rec.scheduled_s = now
             rec.first_token_s = first
+            self.ttft.observe(first - seq.sent_s, seq.waiting_ahead)  # known once the batch starts
             o = seq.spec.output_tokens
             if o > 1:
                 self.tbt.add(decode_time(o - 1) / (o - 1), o - 1)

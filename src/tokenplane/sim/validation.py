@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tokenplane.sim.catalog import Catalog, UnknownHardware
+from tokenplane.sim.errors import ValidationError as ValidationError
 from tokenplane.sim.records import RequestRecord
 from tokenplane.sim.report import percentile
 from tokenplane.sim.runner import simulate
@@ -30,10 +31,6 @@ from tokenplane.sim.workloads.traces import traces_dir
 
 MEASUREMENTS_SUBDIR = "vllm-measurements"
 STATS = ("mean", "p50", "p90", "p99")
-
-
-class ValidationError(ValueError):
-    """A measurement folder is missing, unreadable, or names hardware the catalogue lacks."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,8 @@ from typing import cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
-from mypy_extensions import mypyc_attr
+
+from tokenplane.gateway.errors import UpstreamConnectionError as UpstreamConnectionError
 
 HIGH_WATER_BYTES = 1 << 16
 """Buffered body bytes at which the connection stops reading until the relay catches up."""
@@ -22,11 +23,6 @@ SINK_TAKEN = 1
 """...taken: keep handing pieces over..."""
 SINK_TAKEN_WAKE = 2
 """...taken, and wake the reader (a full write buffer to wait on)."""
-
-
-@mypyc_attr(native_class=False)  # an exception class (see setup.py)
-class UpstreamConnectionError(ConnectionError):
-    """The instance refused, reset or closed the connection, or sent something that is not HTTP."""
 
 
 class _Connection(asyncio.Protocol):

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tokenplane.sim.errors import WorkloadConfigError
 from tokenplane.sim.workloads.agentic import AGENTIC_PRESETS, AgenticWorkload
 from tokenplane.sim.workloads.azure import AzureTrace
 from tokenplane.sim.workloads.base import Workload
@@ -33,10 +34,6 @@ from tokenplane.sim.workloads.synthetic import ServiceClass, SyntheticWorkload
 from tokenplane.sim.workloads.traces import TraceNotFound, require_trace
 
 __all__ = ["WORKLOAD_TYPES", "WorkloadConfigError", "build_workload", "check_workload_config"]
-
-
-class WorkloadConfigError(ValueError):
-    """A workload config is malformed: unknown type, unknown field or bad value."""
 
 
 class _Strict(BaseModel):

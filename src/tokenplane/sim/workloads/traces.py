@@ -9,13 +9,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tokenplane.sim.errors import TraceNotFound
+
 ENV_VAR = "TOKENPLANE_TRACES"
 
 __all__ = ["ENV_VAR", "TraceNotFound", "require_trace", "traces_dir"]
-
-
-class TraceNotFound(FileNotFoundError):
-    """A trace file (or the traces folder itself) could not be found."""
 
 
 def traces_dir(explicit: str | Path | None = None) -> Path | None:
