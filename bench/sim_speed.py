@@ -65,7 +65,7 @@ def _run(name: str, router: Any, instances: int, model: str, workload_cfg: dict[
 DAY_RATE_RPS = 10_000_000 / 86_400
 
 
-def _scale_child(n: int, instances: int) -> dict[str, Any]:
+def _scale_child(n: int, instances: int, router: str) -> dict[str, Any]:
     """One streamed run of ``n`` requests at the day's rate on ``instances`` (in this process)."""
     from tokenplane.sim.report import RunAggregate, Slo, build_run_report
 
@@ -79,7 +79,7 @@ def _scale_child(n: int, instances: int) -> dict[str, Any]:
     run = RunSettings(
         name="scale",
         seed=1,
-        router="least-requests",
+        router=router,
         fleet=FleetSettings(instances=instances, gpu="H100", model="llama-3-8b", engine=EngineSettings()),
         workload=cfg,
         sample_interval_s=600.0,
@@ -87,11 +87,13 @@ def _scale_child(n: int, instances: int) -> dict[str, Any]:
     )
     slo = Slo()
     agg = RunAggregate(slo)
+    cpu0 = time.process_time()
     started = time.perf_counter()
     result = simulate(
         run, catalog=Catalog.default(), workload=build_workload(cfg, traces=None, seed=1), aggregate=agg
     )
     wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu0
     report = build_run_report(
         [],
         result.instances,
@@ -102,10 +104,12 @@ def _scale_child(n: int, instances: int) -> dict[str, Any]:
         aggregate=agg,
     )
     return {
+        "router": router,
         "requests": report["requests_total"],
         "completed": report["requests_completed"],
         "ttft_p99_s": report["ttft_p99_s"],
         "wall_s": wall,
+        "cpu_s": cpu,  # the figure to trust on a shared machine: wall time counts others' turns
         "simulated_s": result.duration_s,
         "requests_per_wall_s": report["requests_total"] / wall,
         "speedup_over_real_time": result.duration_s / wall,
@@ -113,9 +117,18 @@ def _scale_child(n: int, instances: int) -> dict[str, Any]:
     }
 
 
-def _scale(n: int, instances: int) -> dict[str, Any]:
+def _scale(n: int, instances: int, router: str) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, __file__, "--scale-child", str(n), "--instances", str(instances)],
+        [
+            sys.executable,
+            __file__,
+            "--scale-child",
+            str(n),
+            "--instances",
+            str(instances),
+            "--scale-router",
+            router,
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -133,18 +146,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="100,000 synthetic requests instead of 1,000,000")
     ap.add_argument("--scale-requests", type=int, default=10_000_000, help="requests of the day's fleet")
     ap.add_argument("--instances", type=int, default=1024, help="instances of the day's fleet")
+    ap.add_argument("--scale-router", default="power-of-two", help="router of the day's fleet")
     ap.add_argument("--no-scale", action="store_true", help="skip the day's fleet")
     ap.add_argument("--only-scale", action="store_true", help="only the day's fleet")
     ap.add_argument("--scale-child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.scale_child is not None:
-        print(json.dumps(_scale_child(args.scale_child, args.instances)))
+        print(json.dumps(_scale_child(args.scale_child, args.instances, args.scale_router)))
         return 0
     n_synth = 100_000 if args.quick else 1_000_000
     out: dict[str, Any] = {}
     if not args.no_scale:
         key = f"synthetic_{_label(args.scale_requests)}_{args.instances}"
-        out[key] = _scale(args.scale_requests, args.instances)
+        out[key] = _scale(args.scale_requests, args.instances, args.scale_router)
         out[f"{key}_wall_s"] = out[key]["wall_s"]
         out[f"{key}_peak_rss_mb"] = out[key]["peak_rss_mb"]
     if args.only_scale:

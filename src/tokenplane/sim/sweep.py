@@ -38,7 +38,9 @@ import csv
 import itertools
 import json
 import math
+import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -333,7 +335,10 @@ def _run_local(variants: Sequence[Variant], workers: int, done: DoneFn | None) -
             if done:
                 done(len(rows), len(variants))
         return rows
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    # fork (cheap: the twin is already imported) unless this process runs other threads, whose locks
+    # a fork could copy mid-hold; then spawn
+    method = "fork" if threading.active_count() == 1 and os.name == "posix" else "spawn"
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method)) as pool:
         # map keeps the grid order; chunks of one so a slow variant never holds others back
         for row in pool.map(run_variant, variants, chunksize=1):
             rows.append(row)
