@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+SMALL = ("--scale-requests", "3000", "--instances", "16")
 
 
 def test_sim_speed_scale_figure_has_wall_time_and_peak_memory() -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "sim_speed.py"), "--json", "--only-scale"]
-        + ["--scale-requests", "3000", "--instances", "16"],
+        [sys.executable, str(ROOT / "bench" / "sim_speed.py"), "--json", "--only-scale", *SMALL],
         check=True,
         capture_output=True,
         text=True,
