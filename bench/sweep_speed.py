@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     spec = load_sweep(args.sweep)
     walls: dict[int, list[float]] = {1: [], 2: []}
+    cpus: dict[int, list[float]] = {1: [], 2: []}
     variants = 0
     same = True
     for _ in range(args.repeat):
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         for workers in (1, 2):
             result = run_sweep(spec, workers=workers)
             walls[workers].append(result.wall_s)
+            cpus[workers].append(sum(r["worker_cpu_s"] for r in result.rows))
             variants = len(result.rows)
             rows[workers] = [(r["run"], r["goodput_rps"], r["requests_total"]) for r in result.rows]
         same = same and rows[1] == rows[2]
@@ -48,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s_2_workers": two,
         "ratio_2_over_1": two / one,
         "same_rows": same,
+        # CPU seconds the variants took (summed over workers): equal for 1 and 2 workers when the
+        # second worker got a core of its own; higher with 2 when the machine's cores were busy
+        "variants_cpu_s_1_worker": statistics.median(cpus[1]),
+        "variants_cpu_s_2_workers": statistics.median(cpus[2]),
+        "walls_s": walls,
     }
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))

@@ -308,6 +308,7 @@ def run_variant(variant: Variant) -> dict[str, Any]:
     scenario = parse_scenario(variant.scenario, source=variant.source)
     only = scenario.model_copy(update={"runs": [r for r in scenario.runs if r.name == variant.run]})
     started = time.perf_counter()
+    cpu = time.process_time()
     outcome = run_scenario(only, traces=variant.traces)[variant.run]
     report = outcome.report
     row: dict[str, Any] = {"variant": variant.index, **dict(variant.point), "run": variant.run}
@@ -318,6 +319,7 @@ def run_variant(variant: Variant) -> dict[str, Any]:
         report.get("router") if isinstance(report.get("router"), str) else str(report.get("router"))
     )
     row["worker_wall_s"] = time.perf_counter() - started
+    row["worker_cpu_s"] = time.process_time() - cpu
     row["worker_pid"] = os.getpid()
     return row
 
