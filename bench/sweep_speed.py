@@ -1,6 +1,6 @@
 """How much faster a sweep runs on two local worker processes than on one, side by side.
 
-Runs the same sweep (default ``examples/fleet-sweep.yaml``, 48 variants) with ``--workers 1`` and
+Runs the same sweep (default ``examples/sweeps/fleet-size.yaml``, 48 variants) with ``--workers 1`` and
 ``--workers 2`` in one process, one after the other (``--repeat`` alternates them), and prints the
 ratio of wall times (two workers over one: 0.5 is perfect scaling). Run it under ``nice`` on a
 shared machine; the ratio, not the absolute times, is the figure.
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("sweep", nargs="?", default=str(ROOT / "examples" / "fleet-sweep.yaml"))
+    ap.add_argument("sweep", nargs="?", default=str(ROOT / "examples" / "sweeps" / "fleet-size.yaml"))
     ap.add_argument("--repeat", type=int, default=1, help="alternate 1 and 2 workers this many times")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)

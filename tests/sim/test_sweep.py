@@ -147,3 +147,12 @@ def test_pareto_front_is_exactly_the_undominated_variants(rows: list[dict[str, A
 
     for r in rows:
         assert r["pareto"] is (not dominated(r))
+
+
+def test_the_example_sweeps_load() -> None:
+    from tokenplane.sim.sweep import expand
+
+    root = Path(__file__).resolve().parents[2] / "examples" / "sweeps"
+    cascade = load_sweep(root / "cascade-map.yaml")
+    assert len(expand(cascade)) == 72 and cascade.reference == "no-fault"
+    assert len(expand(load_sweep(root / "fleet-size.yaml"))) == 48
