@@ -299,6 +299,30 @@ def replicas_demo(
     typer.echo(report(asyncio.run(run_demo(replicas=replicas, seconds=seconds, redis_url=redis))))
 
 
+@app.command()
+def sweep(
+    sweep_file: Annotated[Path, typer.Argument(help="Sweep YAML: a base scenario and axes of values.")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for sweep.csv/json and plots.")] = Path(
+        "out/sweep"
+    ),
+    workers: Annotated[int | None, typer.Option(help="Local worker processes (default: cores).")] = None,
+    ray: Annotated[
+        str | None, typer.Option("--ray", help="Run on this Ray cluster ('local': start one).")
+    ] = None,
+    traces: Annotated[Path | None, typer.Option("--traces", help="Public traces folder.")] = None,
+    plots: Annotated[bool, typer.Option(help="Write the Pareto and heat-map PNGs.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as one JSON object.")] = False,
+) -> None:
+    """Run a grid of scenario variants in parallel (local processes or Ray); one table, Pareto plots."""
+    from tokenplane.sim.sweep_cli import sweep_command
+
+    code = sweep_command(
+        sweep_file, out=out, workers=workers, ray=ray, traces=traces, plots=plots, as_json=as_json
+    )
+    if code:
+        raise typer.Exit(code)
+
+
 @app.command("example-scenario")
 def example_scenario() -> None:
     """Print the embedded default scenario, a starting point for your own."""

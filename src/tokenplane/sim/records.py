@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import IO
 
 import msgspec
 
@@ -108,3 +110,186 @@ class TbtHistogram:
             if seen >= target:
                 return math.exp((key + 0.5) / 50.0)
         return math.exp((max(self.counts) + 0.5) / 50.0)
+
+
+#: Values a :class:`Distribution` keeps exactly; past this many it folds them into a histogram.
+EXACT_LIMIT = 1_000_000
+#: Log-histogram buckets per factor e: a bucket spans a factor e^(1/100) (about 1 %), and its
+#: representative (the geometric middle) is within 0.5 % of every value in it.
+LOG_BUCKETS_PER_E = 100.0
+
+
+@dataclass(slots=True)
+class LogHistogram:
+    """Counts of positive values in log-spaced buckets (mergeable; relative error at most 0.5 %).
+
+    Values at or below zero (a request scheduled the instant it arrived) count apart and read back
+    as the smallest value seen. ``lo`` and ``hi`` are the exact extremes, which clamp every read.
+    """
+
+    counts: dict[int, int] = field(default_factory=dict)
+    nonpositive: int = 0
+    n: int = 0
+    lo: float = math.inf
+    hi: float = -math.inf
+
+    def add(self, value: float) -> None:
+        self.n += 1
+        if value < self.lo:
+            self.lo = value
+        if value > self.hi:
+            self.hi = value
+        if value <= 0.0:
+            self.nonpositive += 1
+            return
+        key = _floor(_log(value) * LOG_BUCKETS_PER_E)
+        counts = self.counts
+        counts[key] = counts.get(key, 0) + 1
+
+    def merge(self, other: LogHistogram) -> None:
+        for key, c in other.counts.items():
+            self.counts[key] = self.counts.get(key, 0) + c
+        self.nonpositive += other.nonpositive
+        self.n += other.n
+        self.lo = min(self.lo, other.lo)
+        self.hi = max(self.hi, other.hi)
+
+    def value_at_rank(self, rank: int) -> float:
+        """The (approximate) ``rank``-th smallest value, 0-based."""
+        if rank < self.nonpositive:
+            return self.lo
+        seen = self.nonpositive
+        for key in sorted(self.counts):
+            seen += self.counts[key]
+            if seen > rank:
+                mid = math.exp((key + 0.5) / LOG_BUCKETS_PER_E)
+                return min(max(mid, self.lo), self.hi)
+        return self.hi
+
+
+class Distribution:
+    """One latency's values over a run: kept exactly up to ``limit`` values, then a :class:`LogHistogram`.
+
+    Exact, it reads as :func:`tokenplane.sim.report.percentile` and an exact :func:`math.fsum`
+    mean over the sorted values; past ``limit`` values, a percentile is the histogram's value at
+    the lower of the two closest ranks (within 0.5 % of a value between those two ranks' values,
+    relative), and the mean is a running float sum over the count.
+    """
+
+    __slots__ = ("_sorted", "hist", "limit", "total", "values")
+
+    def __init__(self, limit: int = EXACT_LIMIT) -> None:
+        self.values: list[float] = []
+        self.hist: LogHistogram | None = None
+        self.limit = limit
+        self.total = 0.0
+        self._sorted = True
+
+    def __len__(self) -> int:
+        return len(self.values) if self.hist is None else self.hist.n
+
+    @property
+    def exact(self) -> bool:
+        return self.hist is None
+
+    def extend(self, values: list[float]) -> None:
+        hist = self.hist
+        if hist is None:
+            self.values.extend(values)
+            self._sorted = False
+            if len(self.values) > self.limit:
+                self._fold()
+            return
+        add = hist.add
+        for v in values:
+            add(v)
+        self.total += math.fsum(values)
+
+    def _fold(self) -> None:
+        hist = LogHistogram()
+        for v in self.values:
+            hist.add(v)
+        self.total = math.fsum(self.values)
+        self.values = []
+        self.hist = hist
+
+    def mean(self) -> float | None:
+        if self.hist is None:
+            return math.fsum(self.values) / len(self.values) if self.values else None
+        return self.total / self.hist.n if self.hist.n else None
+
+    def sorted_values(self) -> list[float]:
+        if not self._sorted:
+            self.values.sort()
+            self._sorted = True
+        return self.values
+
+    def percentile(self, q: float) -> float | None:
+        hist = self.hist
+        if hist is None:
+            from tokenplane.sim.report import percentile
+
+            return percentile(self.sorted_values(), q)
+        if hist.n == 0:
+            return None
+        q = min(max(q, 0.0), 100.0)
+        return hist.value_at_rank(math.floor((hist.n - 1) * q / 100.0))
+
+
+class RecordStream:
+    """Where a run that streams its records appends them: each request's record stays here only
+    until it is done (finished, or failed with a reason), then goes to ``consume`` in batches and,
+    when given, to ``file`` (one JSON object per line), and is dropped.
+
+    Memory is bounded by the requests in flight (plus one batch), not by the run's length. Reading
+    it back (``len``, iteration) sees only the count and the records not yet handed on.
+    """
+
+    __slots__ = ("_batch", "_count", "_encode", "_file", "_open", "consume")
+
+    def __init__(
+        self,
+        consume: Callable[[list[RequestRecord]], None],
+        *,
+        file: IO[bytes] | None = None,
+        batch: int = 65_536,
+    ) -> None:
+        self.consume = consume
+        self._open: list[RequestRecord] = []
+        self._count = 0
+        self._batch = batch
+        self._file = file
+        self._encode = msgspec.json.Encoder().encode
+
+    def append(self, record: RequestRecord) -> None:
+        self._open.append(record)
+        self._count += 1
+        if len(self._open) >= self._batch:
+            self.flush()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        return iter(self._open)
+
+    def flush(self, *, final: bool = False) -> None:
+        """Hand on the records that are done (all of them when ``final``); keep the rest."""
+        done: list[RequestRecord] = []
+        keep: list[RequestRecord] = []
+        if final:
+            done = self._open
+        else:
+            for r in self._open:
+                (done if r.ok or r.reason else keep).append(r)
+        self._open = keep
+        # A batch that is mostly still in flight grows, so each flush hands on about half of it.
+        self._batch = max(self._batch, 2 * len(keep))
+        if done:
+            self.consume(done)
+            if self._file is not None:
+                encode = self._encode
+                self._file.write(b"".join(encode(r) + b"\n" for r in done))
+
+    def close(self) -> None:
+        self.flush(final=True)

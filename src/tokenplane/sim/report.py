@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
+from tokenplane.sim.records import EXACT_LIMIT, Distribution, InstanceRecord, RequestRecord, TbtHistogram
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "WALL_CLOCK_FIELDS",
+    "RunAggregate",
     "Slo",
     "build_run_report",
     "goodput_timeline",
@@ -113,8 +114,148 @@ def _count(labels: Iterable[str]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+class RunAggregate:
+    """What a run's report reads from its request records, gathered record by record.
+
+    :func:`build_run_report` fills one from a list of records; a run that streams its records
+    (:class:`~tokenplane.sim.records.RecordStream`) feeds one batch by batch and keeps no records.
+    Counts and token sums are exact. Latencies are :class:`~tokenplane.sim.records.Distribution`
+    values: exact (the report is byte-identical to one built from the list) up to ``exact_limit``
+    completed requests, log-bucketed past it (percentiles within 0.5 %, see there). The goodput
+    timeline keeps each SLO-meeting finish time up to ``exact_limit`` of them, then counts per
+    second (a bucket's edge then falls on whole seconds).
+    """
+
+    def __init__(self, slo: Slo, *, exact_limit: int = EXACT_LIMIT) -> None:
+        self.slo = slo
+        self.exact_limit = exact_limit
+        self.total = 0
+        self.completed = 0
+        self.met = 0
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.hit_tokens = 0
+        self.bound_tokens = 0
+        self.preemptions = 0
+        self.failure_reasons: dict[str, int] = {}
+        self.route_reasons: dict[str, int] = {}
+        self.queue = Distribution(exact_limit)
+        self.ttft = Distribution(exact_limit)
+        self.tpot = Distribution(exact_limit)
+        self.e2e = Distribution(exact_limit)
+        self.met_finish: list[float] | None = []
+        self.met_per_second: dict[int, int] = {}
+
+    def add_all(self, records: Iterable[RequestRecord]) -> None:
+        """Add records that are done (the report's conventions: see the module docstring)."""
+        slo_ttft = self.slo.ttft_s
+        slo_tbt = self.slo.tbt_s
+        queue: list[float] = []
+        ttft: list[float] = []
+        tpot: list[float] = []
+        e2e: list[float] = []
+        met_finish: list[float] = []
+        failure_reasons = self.failure_reasons
+        route_reasons = self.route_reasons
+        total = completed = met = prompt_tokens = output_tokens = hit_tokens = bound_tokens = 0
+        preemptions = 0
+        # One pass, attribute reads only (the record properties are inlined for speed).
+        for r in records:
+            total += 1
+            preemptions += r.preemptions
+            route = r.route_reason or UNROUTED
+            route_reasons[route] = route_reasons.get(route, 0) + 1
+            if not r.ok:
+                reason = r.reason or UNKNOWN_REASON
+                failure_reasons[reason] = failure_reasons.get(reason, 0) + 1
+                continue
+            completed += 1
+            arrival = r.arrival_s
+            prompt_tokens += r.prompt_tokens
+            output_tokens += r.output_tokens
+            hit_tokens += r.prefix_hit_tokens
+            bound_tokens += r.prefix_bound_tokens
+            if r.scheduled_s is not None:
+                queue.append(r.scheduled_s - arrival)
+            first = r.first_token_s
+            finish = r.finish_s
+            this_ttft: float | None = None
+            if first is not None:
+                this_ttft = first - arrival
+                ttft.append(this_ttft)
+            this_tpot: float | None = None
+            if finish is not None:
+                e2e.append(finish - arrival)
+                if first is not None and r.output_tokens >= 2:
+                    this_tpot = (finish - first) / (r.output_tokens - 1)
+                    tpot.append(this_tpot)
+            if (
+                this_ttft is not None
+                and this_ttft <= slo_ttft
+                and (this_tpot is None or this_tpot <= slo_tbt)
+            ):
+                met += 1
+                if finish is not None:
+                    met_finish.append(finish)
+        self.total += total
+        self.completed += completed
+        self.met += met
+        self.prompt_tokens += prompt_tokens
+        self.output_tokens += output_tokens
+        self.hit_tokens += hit_tokens
+        self.bound_tokens += bound_tokens
+        self.preemptions += preemptions
+        self.queue.extend(queue)
+        self.ttft.extend(ttft)
+        self.tpot.extend(tpot)
+        self.e2e.extend(e2e)
+        kept = self.met_finish
+        if kept is not None:
+            kept.extend(met_finish)
+            if len(kept) > self.exact_limit:
+                self._count_per_second(kept)
+                self.met_finish = None
+        else:
+            self._count_per_second(met_finish)
+
+    def _count_per_second(self, finishes: Iterable[float]) -> None:
+        counts = self.met_per_second
+        for f in finishes:
+            k = int(f)
+            counts[k] = counts.get(k, 0) + 1
+
+    @property
+    def exact(self) -> bool:
+        """Whether every figure is exact (no latency or timeline was folded into buckets)."""
+        return self.met_finish is not None and all(
+            d.exact for d in (self.queue, self.ttft, self.tpot, self.e2e)
+        )
+
+    def goodput_timeline(
+        self, *, bucket_s: float, duration_s: float | None = None
+    ) -> list[tuple[float, float]]:
+        """As :func:`goodput_timeline` over the records added."""
+        if bucket_s <= 0:
+            raise ValueError("bucket_s must be positive")
+        counts: dict[int, int] = {}
+        last = -1
+        if self.met_finish is not None:
+            for f in self.met_finish:
+                k = int(f // bucket_s)
+                counts[k] = counts.get(k, 0) + 1
+        else:
+            for sec, c in self.met_per_second.items():
+                k = int(sec // bucket_s)
+                counts[k] = counts.get(k, 0) + c
+        if counts:
+            last = max(counts)
+        if duration_s is not None and duration_s > 0:
+            last = max(last, math.ceil(duration_s / bucket_s) - 1)
+        return [(k * bucket_s, counts.get(k, 0) / bucket_s) for k in range(last + 1)]
+
+
 def build_run_report(
-    records: Sequence[RequestRecord],
+    records: Iterable[RequestRecord],
     instances: Sequence[InstanceRecord],
     tbt: TbtHistogram,
     *,
@@ -123,66 +264,25 @@ def build_run_report(
     slo: Slo,
     extra: Mapping[str, Any] | None = None,
     timeline_bucket_s: float | None = None,
+    aggregate: RunAggregate | None = None,
 ) -> dict[str, Any]:
     """A flat JSON-able summary of one run (keys listed in the module docs and the tests).
 
     ``extra`` is merged in last (its keys win). With ``timeline_bucket_s`` the report also carries
-    ``goodput_timeline`` (see :func:`goodput_timeline`).
+    ``goodput_timeline`` (see :func:`goodput_timeline`). With ``aggregate`` (a streamed run) the
+    figures come from it and ``records`` is not read.
     """
-    slo_ttft = slo.ttft_s
-    slo_tbt = slo.tbt_s
-
-    queue: list[float] = []
-    ttft: list[float] = []
-    tpot: list[float] = []
-    e2e: list[float] = []
-    completed = 0
-    met = 0
-    prompt_tokens = 0
-    output_tokens = 0
-    hit_tokens = 0
-    bound_tokens = 0
-    preemptions = 0
-    failure_reasons: dict[str, int] = {}
-    route_reasons: dict[str, int] = {}
-
-    # One pass, attribute reads only (the record properties are inlined for speed).
-    for r in records:
-        preemptions += r.preemptions
-        route = r.route_reason or UNROUTED
-        route_reasons[route] = route_reasons.get(route, 0) + 1
-        if not r.ok:
-            reason = r.reason or UNKNOWN_REASON
-            failure_reasons[reason] = failure_reasons.get(reason, 0) + 1
-            continue
-        completed += 1
-        arrival = r.arrival_s
-        prompt_tokens += r.prompt_tokens
-        output_tokens += r.output_tokens
-        hit_tokens += r.prefix_hit_tokens
-        bound_tokens += r.prefix_bound_tokens
-        if r.scheduled_s is not None:
-            queue.append(r.scheduled_s - arrival)
-        first = r.first_token_s
-        finish = r.finish_s
-        this_ttft: float | None = None
-        if first is not None:
-            this_ttft = first - arrival
-            ttft.append(this_ttft)
-        this_tpot: float | None = None
-        if finish is not None:
-            e2e.append(finish - arrival)
-            if first is not None and r.output_tokens >= 2:
-                this_tpot = (finish - first) / (r.output_tokens - 1)
-                tpot.append(this_tpot)
-        if this_ttft is not None and this_ttft <= slo_ttft and (this_tpot is None or this_tpot <= slo_tbt):
-            met += 1
-
-    for values in (queue, ttft, tpot, e2e):
-        values.sort()
-
-    total = len(records)
+    agg = aggregate
+    if agg is None:
+        agg = RunAggregate(slo)
+        agg.add_all(records)
+    completed = agg.completed
+    met = agg.met
+    prompt_tokens = agg.prompt_tokens
+    output_tokens = agg.output_tokens
+    total = agg.total
     duration = float(duration_s)
+    queue, ttft, tpot, e2e = agg.queue, agg.ttft, agg.tpot, agg.e2e
 
     def rate(count: float) -> float | None:
         return count / duration if duration > 0 else None
@@ -213,41 +313,43 @@ def build_run_report(
         "slo_met": met,
         "slo_attainment": _ratio(met, total),
         "slo": slo.as_dict(),
-        "ttft_mean_s": _mean(ttft),
-        "ttft_p50_s": percentile(ttft, 50),
-        "ttft_p90_s": percentile(ttft, 90),
-        "ttft_p99_s": percentile(ttft, 99),
-        "tpot_mean_s": _mean(tpot),
-        "tpot_p50_s": percentile(tpot, 50),
-        "tpot_p90_s": percentile(tpot, 90),
-        "tpot_p99_s": percentile(tpot, 99),
+        "ttft_mean_s": ttft.mean(),
+        "ttft_p50_s": ttft.percentile(50),
+        "ttft_p90_s": ttft.percentile(90),
+        "ttft_p99_s": ttft.percentile(99),
+        "tpot_mean_s": tpot.mean(),
+        "tpot_p50_s": tpot.percentile(50),
+        "tpot_p90_s": tpot.percentile(90),
+        "tpot_p99_s": tpot.percentile(99),
         "tbt_p50_s": tbt.percentile(50),
         "tbt_p90_s": tbt.percentile(90),
         "tbt_p99_s": tbt.percentile(99),
-        "queue_mean_s": _mean(queue),
-        "queue_p50_s": percentile(queue, 50),
-        "queue_p99_s": percentile(queue, 99),
-        "e2e_mean_s": _mean(e2e),
-        "e2e_p50_s": percentile(e2e, 50),
-        "e2e_p99_s": percentile(e2e, 99),
-        "prefix_hit_ratio": _ratio(hit_tokens, prompt_tokens),
-        "prefix_hit_bound": _ratio(bound_tokens, prompt_tokens),
+        "queue_mean_s": queue.mean(),
+        "queue_p50_s": queue.percentile(50),
+        "queue_p99_s": queue.percentile(99),
+        "e2e_mean_s": e2e.mean(),
+        "e2e_p50_s": e2e.percentile(50),
+        "e2e_p99_s": e2e.percentile(99),
+        "prefix_hit_ratio": _ratio(agg.hit_tokens, prompt_tokens),
+        "prefix_hit_bound": _ratio(agg.bound_tokens, prompt_tokens),
         "gpu_hours": gpu_hours,
         "gpu_cost_usd": gpu_cost,
         "cost_per_million_tokens": _ratio(gpu_cost, tokens / 1e6),
         "cost_per_request_usd": _ratio(gpu_cost, completed),
-        "preemptions": preemptions,
+        "preemptions": agg.preemptions,
         "instances": len(instances),
         "utilisation": utilisation,
         "utilisation_max": max(util_values) if util_values else None,
         "utilisation_mean": _mean(util_values),
         "kv_usage_mean": kv_usage_mean,
-        "failure_reasons": dict(sorted(failure_reasons.items())),
-        "route_reasons": dict(sorted(route_reasons.items())),
+        "failure_reasons": dict(sorted(agg.failure_reasons.items())),
+        "route_reasons": dict(sorted(agg.route_reasons.items())),
     }
+    if not agg.exact:
+        report["percentiles"] = "log-bucketed (within 0.5 %)"
     if timeline_bucket_s is not None:
         report["goodput_timeline"] = [
-            [t, g] for t, g in goodput_timeline(records, slo, bucket_s=timeline_bucket_s, duration_s=duration)
+            [t, g] for t, g in agg.goodput_timeline(bucket_s=timeline_bucket_s, duration_s=duration)
         ]
     if extra:
         report.update(extra)

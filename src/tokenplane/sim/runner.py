@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tokenplane.core.economics import TokenCosts
 from tokenplane.core.routing import build_router
@@ -26,8 +26,8 @@ from tokenplane.sim.fleet import Engine, Fleet, FleetContext, FleetResult
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.lifecycle import Lifecycle, Timings
 from tokenplane.sim.perf_model import StepTimeModel
-from tokenplane.sim.records import InstanceRecord, TbtHistogram
-from tokenplane.sim.report import Slo, build_run_report, goodput_timeline
+from tokenplane.sim.records import InstanceRecord, RecordStream, TbtHistogram
+from tokenplane.sim.report import RunAggregate, Slo, build_run_report
 from tokenplane.sim.resilience import ResilientDispatch
 from tokenplane.sim.scenario import FleetGroup, FleetSettings, RunSettings, Scenario
 from tokenplane.sim.static_engine import StaticEngine
@@ -71,8 +71,18 @@ def simulate(
     catalog: Catalog,
     workload: Workload,
     progress: ProgressFn | None = None,
+    aggregate: RunAggregate | None = None,
+    records_out: IO[bytes] | None = None,
 ) -> FleetResult:
-    """Simulate one run of a fleet on ``workload``; deterministic for a given seed."""
+    """Simulate one run of a fleet on ``workload``; deterministic for a given seed.
+
+    With ``aggregate`` the run streams its request records (memory bounded by the requests in
+    flight, for runs of millions): each done record goes into ``aggregate`` and, with
+    ``records_out``, to that file as a JSON line, and the result keeps none (``records`` is
+    empty). What needs every record at the end is then left out: the per-request cost attribution
+    (``economics``) and per-request budgets; the autoscaler, which reads records as it goes, is
+    refused.
+    """
     fleet_cfg = run.fleet
     groups = fleet_cfg.resolved_groups()
     loop = EventLoop()
@@ -125,6 +135,12 @@ def simulate(
         precise_kv=run.routing.precise_kv,
     )
     fleet = build_fleet(run, ctx, prices)
+    stream: RecordStream | None = None
+    if aggregate is not None:
+        if run.autoscaler is not None:
+            raise ValueError("a run that streams its records cannot have an autoscaler")
+        stream = RecordStream(aggregate.add_all, file=records_out)
+        fleet.records = stream  # type: ignore[assignment]  # the fleet only appends to it
 
     lifecycle: Lifecycle | None = None
     shell: AutoscalingShell | None = None
@@ -157,20 +173,26 @@ def simulate(
         fleet.views = [e.view() for e in engines]
 
     result = fleet.run(until=run.duration_s, on_progress=progress)
+    if stream is not None:
+        stream.close()
+        result.records = []
     if lifecycle is not None:
         for i, e in enumerate(engines):
             e.record.alive_s = lifecycle.held_s(i, result.duration_s)
     result.extra = fleet.report_extra()
     if shell is not None:
         result.extra = {**result.extra, **shell.report_extra()}
-    if fleet.budgets:
-        result.extra = {**result.extra, **budget_goodput(result, fleet.budgets, run)}
-    result.extra = {
-        **result.extra,
-        **build_economics(
-            result.records, result.instances, prices=prices, workflows=fleet.workflows, usage=fleet.usage
-        ),
-    }
+    if stream is not None:
+        result.extra = {**result.extra, "records": "streamed"}
+    else:
+        if fleet.budgets:
+            result.extra = {**result.extra, **budget_goodput(result, fleet.budgets, run)}
+        result.extra = {
+            **result.extra,
+            **build_economics(
+                result.records, result.instances, prices=prices, workflows=fleet.workflows, usage=fleet.usage
+            ),
+        }
     if lifecycle is not None:
         result.lifecycle = lifecycle
     return result
@@ -220,9 +242,11 @@ def run_scenario(
     traces: str | Path | None = None,
     progress: Callable[[str], ProgressFn | None] | None = None,
     catalog: Catalog | None = None,
+    stream_records: bool = False,
 ) -> dict[str, RunOutcome]:
-    """Run every run of ``scenario``; ``catalog`` (default: the built-in one) is the base that the
-    scenario's own ``catalog:`` section is merged into."""
+    """Simulate each run and build its report. ``catalog`` (default: the built-in one) is the base
+    that the scenario's own ``catalog:`` section is merged into; ``stream_records`` streams the
+    records (see :func:`simulate`)."""
     catalog = catalog or Catalog.default()
     if scenario.catalog:
         catalog = catalog.with_overrides(scenario.catalog)
@@ -230,12 +254,24 @@ def run_scenario(
     outcomes: dict[str, RunOutcome] = {}
     for run in scenario.runs:
         workload = build_workload(run.workload, traces=folder, seed=run.seed)
-        started = time.perf_counter()
-        result = simulate(
-            run, catalog=catalog, workload=workload, progress=progress(run.name) if progress else None
-        )
-        wall = time.perf_counter() - started
         slo = Slo(ttft_s=run.slo.ttft_s, tbt_s=run.slo.tbt_s)
+        agg = RunAggregate(slo)
+        started = time.perf_counter()
+        if stream_records:
+            result = simulate(
+                run,
+                catalog=catalog,
+                workload=workload,
+                progress=progress(run.name) if progress else None,
+                aggregate=agg,
+            )
+        else:
+            result = simulate(
+                run, catalog=catalog, workload=workload, progress=progress(run.name) if progress else None
+            )
+        wall = time.perf_counter() - started
+        if not stream_records:
+            agg.add_all(result.records)
         bucket = max(1.0, result.duration_s / 100)
         extra: dict[str, Any] = {
             "router": run.router,
@@ -244,7 +280,7 @@ def run_scenario(
             "model": run.fleet.model,
             "engine": run.fleet.engine.kind,
             "seed": run.seed,
-            "goodput_timeline": [list(p) for p in goodput_timeline(result.records, slo, bucket_s=bucket)],
+            "goodput_timeline": [list(p) for p in agg.goodput_timeline(bucket_s=bucket)],
         }
         if run.fleet.groups is not None:
             groups = run.fleet.groups
@@ -271,6 +307,7 @@ def run_scenario(
             wall_seconds=wall,
             slo=slo,
             extra={**extra, **result.extra},
+            aggregate=agg,
         )
         if run.autoscaler is not None:
             report.update(autoscale_report(result, report, slo, bucket_s=bucket))
