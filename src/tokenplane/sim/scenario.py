@@ -30,6 +30,7 @@ from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.routing import build_router
 from tokenplane.sim.catalog import Catalog, UnknownHardware
 from tokenplane.sim.faults import ClientSpec, ControlSpec, FaultSpec
+from tokenplane.sim.lora import LoraSettings
 from tokenplane.sim.workloads.factory import WorkloadConfigError, check_workload_config
 
 
@@ -49,6 +50,7 @@ class EngineSettings(BaseModel):
     kv_capacity_tokens: int | None = Field(None, gt=0)
     max_model_len: int | None = Field(None, gt=0)
     static_batch_size: int = Field(32, gt=0)
+    lora: LoraSettings | None = None  # LoRA slots and adapter load time (sim/lora.py)
 
 
 class LifecycleSettings(BaseModel):
