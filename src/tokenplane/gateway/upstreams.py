@@ -277,6 +277,7 @@ class Upstream:
             hbm_free_bytes=int(capacity * (1.0 - usage) * self.kv_bytes_per_token),
             predicted_ttft_s=self._ttft.for_waiting(int(m.waiting)) if self._weights is WARM else 0.0,
             labels=self.labels,
+            adapters=m.lora_adapters,
         )
 
     def describe(self) -> dict[str, Any]:
