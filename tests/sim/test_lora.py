@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tokenplane.sim.lora import AdapterSlots, LoraSettings
 from tokenplane.sim.runner import run_scenario
@@ -77,7 +79,31 @@ def test_adapters_option_is_validated_and_tags_every_request() -> None:
 
 def test_lora_example_lora_aware_halves_loads_and_lowers_ttft_p99() -> None:
     out = run_scenario(load_scenario(EXAMPLES / "lora.yaml"))
-    rr, aware = out["round-robin"].report, out["lora-aware"].report
-    assert rr["requests_completed"] == aware["requests_completed"] == rr["requests_total"]
-    assert rr["adapter_loads"] >= 2 * aware["adapter_loads"] > 0
-    assert aware["ttft_p99_s"] < rr["ttft_p99_s"]
+    for suffix in ("", "-seed2", "-64"):
+        rr, aware = out["round-robin" + suffix].report, out["lora-aware" + suffix].report
+        assert rr["requests_completed"] == aware["requests_completed"] == rr["requests_total"]
+        assert aware["ttft_p99_s"] < rr["ttft_p99_s"], suffix
+        # 64 adapters over 16 slots: misses are inevitable, the gain smaller (see the example)
+        assert rr["adapter_loads"] >= (1.5 if suffix == "-64" else 2.0) * aware["adapter_loads"] > 0, suffix
+
+
+@given(st.integers(1, 4), st.lists(st.tuples(st.booleans(), st.sampled_from("abcdefg")), max_size=60))
+def test_slots_invariants(limit: int, ops: list[tuple[bool, str]]) -> None:
+    """Never more than ``limit`` resident; an adapter a running request uses is never evicted; a
+    load happens exactly when the adapter was not resident."""
+    slots = AdapterSlots(limit, load_s=1.0)
+    running: list[str] = []
+    for start, adapter in ops:
+        if start:
+            if not slots.can_admit(adapter):
+                assert len(set(running)) == limit and adapter not in running
+                continue
+            was = adapter in slots.view
+            loads = slots.loads
+            assert slots.admit(adapter) == (0.0 if was else 1.0)
+            assert slots.loads == loads + (0 if was else 1)
+            running.append(adapter)
+        elif running:
+            slots.release(running.pop(0))
+        assert len(slots.view) <= limit
+        assert set(running) <= slots.view
