@@ -253,6 +253,8 @@ def emulate(
     runtime: Annotated[
         str, typer.Option(help="Whose metric names /metrics publishes: vllm, sglang or llamacpp.")
     ] = "vllm",
+    lora_modules: Annotated[list[str] | None, typer.Option(help="LoRA adapter served as a model.")] = None,
+    max_loras: Annotated[int, typer.Option(help="LoRA adapters resident at once.")] = 1,
 ) -> None:
     """Serve one emulated GPU instance in real time (OpenAI API, vLLM metrics, fault injection)."""
     from tokenplane.emulator.cli import emulate as run_emulator
@@ -270,6 +272,8 @@ def emulate(
         speed,
         seed,
         runtime=runtime,
+        lora_modules=lora_modules or (),
+        max_loras=max_loras,
     )
 
 

@@ -28,6 +28,7 @@ def test_builtins_are_registered() -> None:
     assert names("router") == [
         "least-requests",
         "least-tokens",
+        "lora-aware",
         "power-of-two",
         "prefix-affinity",
         "random",
@@ -48,6 +49,7 @@ def test_builtins_are_registered() -> None:
         "hbm-headroom",
         "kv-usage",
         "latency-budget",
+        "lora-affinity",
         "outstanding-tokens",
         "prefix-overlap",
         "queue-depth",

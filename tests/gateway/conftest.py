@@ -408,7 +408,7 @@ def emulated_config(emus: list[EmulatedUpstream], *, router: Any = "round-robin"
     return {
         "listen": {"host": "127.0.0.1", "port": 0},
         "tenants": tenants,
-        "models": [{"name": MODEL, "router": router}],
+        "models": [{"name": MODEL, "router": router, **sections.pop("model", {})}],
         "instances": [
             {"id": e.name, "url": e.url, "model": MODEL, "kind": "emulated", **sections.pop("instance", {})}
             for e in emus

@@ -59,6 +59,8 @@ class RequestInfo(msgspec.Struct, frozen=True):
     """Exact leading prompt tokens each instance holds in its KV cache, when the shell knows them
     (the gateway's precise mode, from vLLM's KV events); instances not named hold none. ``None``:
     unknown, and prefix-aware routers fall back to their own approximate index."""
+    adapter: str | None = None
+    """The LoRA adapter the request asks for (vLLM serves adapters as model names); None: the base."""
 
 
 class InstanceView(msgspec.Struct, frozen=True):
@@ -85,6 +87,8 @@ class InstanceView(msgspec.Struct, frozen=True):
     hbm_free_bytes: int = 0
     predicted_ttft_s: float = 0.0
     labels: Mapping[str, str] = msgspec.field(default_factory=_empty_labels)
+    adapters: frozenset[str] = frozenset()
+    """LoRA adapters resident on the instance (vLLM's ``vllm:lora_requests_info``; the twin's slots)."""
 
 
 class RouteReason(StrEnum):

@@ -34,6 +34,8 @@ def emulate(
     enable_prefix_caching: bool = True,
     access_log: bool = False,
     runtime: str = "vllm",
+    lora_modules: Sequence[str] = (),
+    max_loras: int = 1,
 ) -> None:
     """Run the emulator until interrupted (uvloop when installed)."""
     settings = EmulatorSettings(
@@ -52,6 +54,8 @@ def emulate(
         max_tokens_cap=max_tokens_cap,
         enable_prefix_caching=enable_prefix_caching,
         instance_id=f"emulated-{host}:{port}",
+        lora_modules=tuple(lora_modules),
+        max_loras=max_loras,
     )
     print(
         f"tokenplane emulate: serving {settings.model_name!r} ({model} on {tp} x {gpu}, speed {speed}) "
@@ -101,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="vllm",
         help="whose metric names /metrics publishes (the gateway instance's kind to match)",
     )
+    p.add_argument("--lora-modules", nargs="*", default=[], help="LoRA adapter names served as models")
+    p.add_argument("--max-loras", type=int, default=1, help="adapters resident at once")
     return p
 
 
@@ -125,4 +131,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         enable_prefix_caching=not a.no_prefix_caching,
         access_log=a.access_log,
         runtime=a.runtime,
+        lora_modules=a.lora_modules,
+        max_loras=a.max_loras,
     )

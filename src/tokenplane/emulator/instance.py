@@ -48,6 +48,9 @@ class EmulatorSettings:
     max_tokens_cap: int = 4096
     fixed_step_s: float | None = None
     instance_id: str = "emulated-0"
+    lora_modules: tuple[str, ...] = ()  # LoRA adapters served as model names (vLLM's --lora-modules)
+    max_loras: int = 1  # adapters resident at once (vLLM's --max-loras)
+    lora_load_s: float = 0.05  # virtual seconds a missing adapter's load stalls the step
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
@@ -58,6 +61,8 @@ class EmulatorSettings:
             raise ValueError(f"kv_capacity_tokens must be at least {BLOCK_TOKENS}")
         if self.fixed_step_s is not None and not self.fixed_step_s > 0:
             raise ValueError("fixed_step_s must be positive")
+        if self.max_loras < 1 or self.lora_load_s < 0:
+            raise ValueError("max_loras must be >= 1 and lora_load_s >= 0")
         if self.default_max_tokens < 1 or self.max_tokens_cap < 1:
             raise ValueError("default_max_tokens and max_tokens_cap must be >= 1")
 
@@ -192,10 +197,15 @@ class EmulatedInstance:
             kv_capacity_tokens=capacity,
             enable_prefix_caching=settings.enable_prefix_caching,
             max_model_len=self.max_model_len,
+            max_adapters=settings.max_loras if settings.lora_modules else 0,
+            adapter_load_s=settings.lora_load_s,
         )
         self.clock = RealtimeClock(speed=settings.speed)
         self.metrics = VllmMetrics(
-            settings.model_name, block_size=BLOCK_TOKENS, num_gpu_blocks=capacity // BLOCK_TOKENS
+            settings.model_name,
+            block_size=BLOCK_TOKENS,
+            num_gpu_blocks=capacity // BLOCK_TOKENS,
+            max_lora=settings.max_loras if settings.lora_modules else 0,
         )
         self.gpu_name = gpu.name
         self.model_spec_name = model.name
@@ -223,6 +233,7 @@ class EmulatedInstance:
         block_hashes: tuple[int, ...],
         output_tokens: int,
         finish_reason: str,
+        adapter: str | None = None,
     ) -> Pending:
         now = self.clock.now()
         uid = next(self._uids)
@@ -235,6 +246,7 @@ class EmulatedInstance:
             hash_block_tokens=BLOCK_TOKENS,
             model=self.settings.model_name,
             max_output_tokens=output_tokens,
+            adapter=adapter,
         )
         info = RequestInfo(
             request_id=request_id,
@@ -244,6 +256,7 @@ class EmulatedInstance:
             block_hashes=block_hashes,
             hash_block_tokens=BLOCK_TOKENS,
             arrival_s=now,
+            adapter=adapter,
         )
         record = RequestRecord(uid, "default", now, prompt_tokens, output_tokens, instance_id=self.engine.id)
         seq = Seq(uid, spec, info, record, BLOCK_TOKENS)
@@ -278,6 +291,10 @@ class EmulatedInstance:
         m.running.set(len(e.running))
         m.waiting.set(len(e.waiting))
         m.kv_usage.set(e.kv.usage)
+        if e.lora is not None:
+            running = {s.spec.adapter for s in e.running.values() if s.spec.adapter}
+            waiting = {s.spec.adapter for s in e.waiting if s.spec.adapter}
+            m.set_lora(sorted(running), sorted(waiting), self.clock.now())
 
     def state(self) -> dict[str, object]:
         e = self.engine

@@ -33,7 +33,13 @@ RUNTIME_FLAVOURS = ("vllm", "sglang", "llamacpp")
 
 class VllmMetrics:
     def __init__(
-        self, model_name: str, engine: str = "0", *, block_size: int = 0, num_gpu_blocks: int = 0
+        self,
+        model_name: str,
+        engine: str = "0",
+        *,
+        block_size: int = 0,
+        num_gpu_blocks: int = 0,
+        max_lora: int = 0,
     ) -> None:
         self.model_name = model_name
         self.kv_capacity_tokens = block_size * num_gpu_blocks
@@ -53,6 +59,15 @@ class VllmMetrics:
         self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.max_lora = max_lora
+        self.lora_info: Gauge | None = None
+        if max_lora:  # vLLM's LoRA info gauge (only when serving adapters): names as labels
+            self.lora_info = Gauge(
+                "vllm:lora_requests_info",
+                "Running stats on lora requests.",
+                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                registry=r,
+            )
         if num_gpu_blocks:  # vLLM's info gauge: the cache's size as labels, value 1
             info = ["block_size", "num_gpu_blocks", "enable_prefix_caching"]
             Gauge(
@@ -90,6 +105,14 @@ class VllmMetrics:
             "Histogram of time spent in WAITING phase for request.",
             REQUEST_LATENCY_BUCKETS,
         )
+
+    def set_lora(self, running: list[str], waiting: list[str], now: float) -> None:
+        """One current label set, valued at ``now`` (vLLM sets it to the time; it keeps old label
+        sets too, which readers tell apart by that value)."""
+        if self.lora_info is None:
+            return
+        self.lora_info.clear()
+        self.lora_info.labels(str(self.max_lora), ",".join(waiting), ",".join(running)).set(now)
 
     def render(self, flavour: str = "vllm") -> bytes:
         """The exposition in ``flavour``'s names: ``vllm`` (all of the above), ``sglang`` or

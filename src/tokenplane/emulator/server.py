@@ -134,7 +134,8 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
     except BadRequest as e:
         return error_response(400, e.message, e.param)
     settings = inst.settings
-    if req.model != settings.model_name:
+    adapter = req.model if req.model in settings.lora_modules else None
+    if req.model != settings.model_name and adapter is None:
         return error_response(404, f"The model `{req.model}` does not exist.", "model", "NotFoundError")
 
     prompt_tokens = approx_tokens(text)
@@ -160,7 +161,7 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
     gen = TextGen(seed)
     hashes = block_hashes(text, BLOCK_TOKENS) if settings.enable_prefix_caching else ()
     die = faults.take_die()
-    pending = inst.submit(request_id, prompt_tokens, hashes, output_tokens, finish_reason)
+    pending = inst.submit(request_id, prompt_tokens, hashes, output_tokens, finish_reason, adapter)
     try:
         if req.stream:
             opts = req.stream_options

@@ -21,11 +21,12 @@ OWNED_BY = "tokenplane"
 
 
 class ServedModel:
-    __slots__ = ("aliases", "name", "router", "served_name")
+    __slots__ = ("adapters", "aliases", "name", "router", "served_name")
 
     def __init__(self, config: ModelConfig, rng: random.Random) -> None:
         self.name = config.name
         self.aliases = config.aliases
+        self.adapters = frozenset(config.adapters)  # LoRA adapters served on this model
         self.served_name = config.served_name
         self.router: Router = build_router(config.router, rng)
 
@@ -47,7 +48,7 @@ class ModelCatalog:
         self.models = [ServedModel(m, rng) for m in models]
         self._by_name: dict[str, ServedModel] = {}
         for m in self.models:
-            for n in (m.name, *m.aliases):
+            for n in (m.name, *m.aliases, *m.adapters):
                 self._by_name[n] = m
         self._listings: dict[str, bytes] = {}
 

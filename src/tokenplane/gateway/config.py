@@ -198,6 +198,10 @@ class ModelConfig(_Strict):
     router: str | dict[str, Any] = DEFAULT_ROUTER
     upstream_model: str | None = None
     """The name the instances serve this model under (default: ``name``)."""
+    adapters: tuple[str, ...] = ()
+    """LoRA adapters the instances serve on this model (vLLM's ``--lora-modules``): a request whose
+    ``model`` names one is this model's, asks for that adapter (``RequestInfo.adapter``) and goes
+    upstream under the adapter's name."""
     response_cache: ResponseCacheConfig | None = None
     """Off unless given."""
     fallback: tuple[FallbackConfig, ...] = ()
@@ -397,9 +401,11 @@ class GatewayConfig(_Strict):
     def _references(self) -> GatewayConfig:
         names: dict[str, str] = {}
         for i, m in enumerate(self.models):
-            for n in (m.name, *m.aliases):
+            for n in (m.name, *m.aliases, *m.adapters):
                 if n in names:
-                    raise ValueError(f"models[{i}]: name or alias {n!r} already used by model {names[n]!r}")
+                    raise ValueError(
+                        f"models[{i}]: name, alias or adapter {n!r} already used by model {names[n]!r}"
+                    )
                 names[n] = m.name
         for i, m in enumerate(self.models):
             for j, fb in enumerate(m.fallback):

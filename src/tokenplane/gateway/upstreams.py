@@ -281,6 +281,7 @@ class Upstream:
             hbm_free_bytes=free_kv_bytes(capacity, m.kv_usage, self.kv_bytes_per_token),
             predicted_ttft_s=self._ttft.view_ttft_s(int(m.waiting), self._weights),
             labels=self.labels,
+            adapters=m.lora_adapters,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -17,7 +17,10 @@ How :class:`~tokenplane.gateway.upstreams.Upstream` fills them:
   admission's up-front rule; 0 (unknown) before any observation and for an instance that is not
   warm (the placement router then adds its own readiness delay);
 * ``kv_capacity_tokens`` (config, else scraped), ``kv_usage``, ``price_per_hour``, ``gpu``: config
-  and the runtime's metrics as they are.
+  and the runtime's metrics as they are;
+* ``adapters``: the LoRA adapters the runtime reports running or queued (vLLM's
+  ``vllm:lora_requests_info``); the ``lora-affinity`` scorer adds its own record of where it sent
+  each adapter.
 """
 
 from __future__ import annotations

@@ -226,6 +226,7 @@ class AdmissionGate:
             arrival_s=now,
             workflow=wf,
             latency_budget_s=spec.latency_budget_s,
+            adapter=spec.adapter,
         )
 
     def _sunk(self, spec: RequestSpec) -> float:

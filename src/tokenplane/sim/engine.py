@@ -29,6 +29,7 @@ import msgspec
 from tokenplane.core.ttft import PoolTtft, free_kv_bytes
 from tokenplane.core.views import InstanceView, RequestInfo
 from tokenplane.sim.kvcache import KVCache
+from tokenplane.sim.lora import AdapterSlots
 from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
 from tokenplane.sim.workloads.base import RequestSpec
 
@@ -49,6 +50,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
     static_batch_size: int = 32
+    max_adapters: int = 0  # LoRA slots (0: no LoRA; requests' adapters are ignored)
+    adapter_load_s: float = 0.0  # stall of the step that loads a missing adapter
 
     def __post_init__(self) -> None:
         if min(self.max_num_seqs, self.max_num_batched_tokens, self.block_size, self.kv_capacity_tokens) <= 0:
@@ -58,6 +61,7 @@ class EngineConfig:
 WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
 
 _replace = msgspec.structs.replace
+_NO_ADAPTERS: frozenset[str] = frozenset()
 
 
 class Seq:
@@ -157,6 +161,7 @@ class ContinuousEngine:
         "index",
         "kv",
         "kv_bytes_per_token",
+        "lora",
         "model",
         "n_dec",
         "on_token",
@@ -242,6 +247,7 @@ class ContinuousEngine:
         self.index = 0
         self.changed: set[int] = set()
         self.capacity_tokens = self.kv.total_blocks * self.bs
+        self.lora = AdapterSlots(config.max_adapters, config.adapter_load_s) if config.max_adapters else None
         self._view_template = InstanceView(
             instance_id=self.id,
             model=record.model,
@@ -306,6 +312,8 @@ class ContinuousEngine:
         self.n_dec = self.sum_ctx = 0
         self.outstanding_tokens = 0
         self.kv = KVCache(self.kv.total_blocks, self.bs, prefix_caching=self.kv.prefix_caching)
+        if self.lora is not None:
+            self.lora.clear()
         self.version += 1
         if self.busy:
             self.busy = False
@@ -370,6 +378,7 @@ class ContinuousEngine:
             weights=weights,
             hbm_free_bytes=free_kv_bytes(self.capacity_tokens, usage, self.kv_bytes_per_token),
             predicted_ttft_s=self.ttft.view_ttft_s(waiting, weights),
+            adapters=self.lora.view if self.lora is not None else _NO_ADAPTERS,
         )
 
     def busy_seconds(self, now: float) -> float:
@@ -426,7 +435,8 @@ class ContinuousEngine:
         seq.private = 0
         seq.held = 0
         seq.epoch += 1
-        self.running.pop(seq.uid, None)
+        if self.running.pop(seq.uid, None) is not None and self.lora is not None and seq.spec.adapter:
+            self.lora.release(seq.spec.adapter)
         self.prefilling.pop(seq.uid, None)
 
     def _preempt_newest(self, now: float) -> None:
@@ -489,8 +499,13 @@ class ContinuousEngine:
             budget -= c
             pairs += c * p + c * (c + 1) // 2
         waiting = self.waiting
+        lora = self.lora
+        stall = 0.0  # adapter loads this step
         while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             seq = waiting[0]
+            adapter = seq.spec.adapter if lora is not None else None
+            if adapter and lora is not None and not lora.can_admit(adapter):
+                break  # every slot is used by running requests: wait (FCFS)
             n = 0
             if seq.hashes:
                 n = kv.match(seq.hashes, (seq.prompt - 1) // seq.hblock)
@@ -504,6 +519,10 @@ class ContinuousEngine:
                     kv.release(seq.hashes[:n])
                 break
             waiting.popleft()
+            if adapter and lora is not None:
+                loads = lora.loads
+                stall += lora.admit(adapter)
+                self.record.adapter_loads += lora.loads - loads
             seq.held = n
             seq.private = need
             seq.computed = hit
@@ -530,7 +549,7 @@ class ContinuousEngine:
         num_tokens = cfg.max_num_batched_tokens - budget  # decoders plus every chunk in the batch
         model = self.model
         dt = model.linear_time(num_tokens) + model.decode_kv_s_per_token * self.sum_ctx
-        dt = (dt + model.prefill_s_per_pair * pairs) * self.slow
+        dt = (dt + model.prefill_s_per_pair * pairs) * self.slow + stall
         self._batch = batch
         self._run_n = self.n_dec
         self._step_dt = dt

@@ -293,6 +293,7 @@ class DirectDispatch:
             workflow=spec.workflow,
             priority=spec.priority,
             latency_budget_s=spec.latency_budget_s,
+            adapter=spec.adapter,
             cached_prefix_tokens=fleet.cached_prefix(spec) if fleet.precise_kv else None,
         )
         decision = self.router.select(info, fleet.fresh_views(), now=now)

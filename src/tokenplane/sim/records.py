@@ -75,6 +75,7 @@ class InstanceRecord:
     busy_s: float = 0.0
     alive_s: float = 0.0
     steps: int = 0
+    adapter_loads: int = 0  # LoRA adapters loaded into a slot (sim/lora.py)
     samples: list[InstanceSample] = field(default_factory=list)
 
 

@@ -337,6 +337,7 @@ def build_run_report(
         "cost_per_million_tokens": _ratio(gpu_cost, tokens / 1e6),
         "cost_per_request_usd": _ratio(gpu_cost, completed),
         "preemptions": agg.preemptions,
+        "adapter_loads": sum(i.adapter_loads for i in instances),
         "instances": len(instances),
         "utilisation": utilisation,
         "utilisation_max": max(util_values) if util_values else None,

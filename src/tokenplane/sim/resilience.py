@@ -177,6 +177,7 @@ class ResilientDispatch:
             workflow=spec.workflow,
             priority=spec.priority,
             latency_budget_s=spec.latency_budget_s,
+            adapter=spec.adapter,
             cached_prefix_tokens=self.fleet.cached_prefix(spec) if self.fleet.precise_kv else None,
         )
 

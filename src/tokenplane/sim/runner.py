@@ -62,6 +62,8 @@ def engine_config(fleet: FleetSettings | FleetGroup, catalog: Catalog) -> Engine
         enable_prefix_caching=e.enable_prefix_caching,
         max_model_len=e.max_model_len,
         static_batch_size=e.static_batch_size,
+        max_adapters=e.lora.max_adapters if e.lora is not None else 0,
+        adapter_load_s=e.lora.load_s if e.lora is not None else 0.0,
     )
 
 

@@ -32,6 +32,7 @@ from tokenplane.sim.catalog import Catalog, UnknownHardware
 from tokenplane.sim.errors import ScenarioError as ScenarioError
 from tokenplane.sim.errors import WorkloadConfigError
 from tokenplane.sim.faults import ClientSpec, ControlSpec, FaultSpec
+from tokenplane.sim.lora import LoraSettings
 from tokenplane.sim.workloads.factory import check_workload_config
 
 
@@ -47,6 +48,7 @@ class EngineSettings(BaseModel):
     kv_capacity_tokens: int | None = Field(None, gt=0)
     max_model_len: int | None = Field(None, gt=0)
     static_batch_size: int = Field(32, gt=0)
+    lora: LoraSettings | None = None  # LoRA slots and adapter load time (sim/lora.py)
 
 
 class LifecycleSettings(BaseModel):

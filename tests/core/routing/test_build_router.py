@@ -42,7 +42,7 @@ def test_params_reach_the_router() -> None:
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ("no-such-router", "known: least-requests, least-tokens, power-of-two"),
+        ("no-such-router", "known: least-requests, least-tokens, lora-aware, power-of-two"),
         ({"kind": "scorer", "name": "kv-usage"}, "expected kind 'router'"),
         ({"name": "round-robin", "params": {"start": 3}}, "unknown params"),
         ({"name": "random", "params": {"seed": 3}}, "unknown params"),

@@ -3,18 +3,19 @@
 Importing this package registers every built-in plugin:
 
 * routers: ``round-robin``, ``random``, ``least-requests``, ``least-tokens``, ``power-of-two``,
-  ``prefix-affinity``, ``weighted``, ``seven-axis`` (a weighted profile of the placement plugins);
+  ``prefix-affinity``, ``weighted``, ``seven-axis`` (a weighted profile of the placement plugins),
+  ``lora-aware`` (a weighted profile of ``lora-affinity`` and ``queue-depth``);
 * filters: ``ready``, ``kv-below``, ``queue-below``, and from :mod:`.placement` ``gpu-generation``,
   ``kv-headroom``, ``weights-ready``;
 * scorers: ``prefix-overlap``, ``queue-depth``, ``outstanding-tokens``, ``kv-usage``, and from
   :mod:`.placement` ``gpu-fit``, ``hbm-headroom``, ``weights-ready``, ``tenant-priority``,
-  ``workflow-affinity``, ``latency-budget``;
+  ``workflow-affinity``, ``latency-budget``, and from :mod:`.lora` ``lora-affinity``;
 * pickers: ``max-score``, ``random-top``.
 
 :func:`build_router` turns a config slice into a :class:`Router`.
 """
 
-from tokenplane.core.routing import filters, pickers, placement, scorers  # noqa: F401  (registration)
+from tokenplane.core.routing import filters, lora, pickers, placement, scorers  # noqa: F401  (registration)
 from tokenplane.core.routing.base import Filter, Picker, Router, Scorer
 from tokenplane.core.routing.factory import build_router
 from tokenplane.core.routing.least_load import LeastRequestsRouter, LeastTokensRouter

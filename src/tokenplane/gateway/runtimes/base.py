@@ -33,9 +33,13 @@ KV_CAPACITY_INFO = "kv_capacity_info"
 """Field name for an info metric read from its labels (``num_gpu_blocks`` x ``block_size``)."""
 KV_CAPACITY_TOKENS = "kv_capacity_tokens"
 KV_USED_TOKENS = "kv_used_tokens"
+LORA_INFO = "lora_info"
+"""Field name for vLLM's ``vllm:lora_requests_info``: labels ``running_lora_adapters`` and
+``waiting_lora_adapters`` (comma-separated names) and ``max_lora``; the value is the time it was set,
+and older label sets may linger, so the sample with the largest value is the current one."""
 
 _FIELDS = frozenset({"running", "waiting", "kv_usage", "prefix_cache_queries", "prefix_cache_hits"})
-_SPECIAL = frozenset({KV_CAPACITY_INFO, KV_CAPACITY_TOKENS, KV_USED_TOKENS})
+_SPECIAL = frozenset({KV_CAPACITY_INFO, KV_CAPACITY_TOKENS, KV_USED_TOKENS, LORA_INFO})
 
 
 class RuntimeMetrics(msgspec.Struct, frozen=True):
@@ -48,6 +52,10 @@ class RuntimeMetrics(msgspec.Struct, frozen=True):
     prefix_cache_hits: float = 0.0
     kv_capacity_tokens: int = 0
     """The KV cache's size in tokens, where the runtime says it; 0: unknown."""
+    lora_adapters: frozenset[str] = frozenset()
+    """LoRA adapters the instance runs or has queued (vLLM's ``vllm:lora_requests_info``)."""
+    max_lora: int = 0
+    """Adapters the instance can hold at once (``--max-loras``); 0: unknown."""
 
 
 class Capabilities(msgspec.Struct, frozen=True):
@@ -105,6 +113,7 @@ class Runtime:
         wanted = "\n".join(line for line in text.splitlines() if line.startswith(prefixes))
         values: dict[str, float] = {}
         info_capacity = 0
+        lora: tuple[float, Mapping[str, str]] | None = None
         for family in text_string_to_metric_families(wanted + "\n"):
             for sample in family.samples:
                 field = names.get(sample.name)
@@ -112,6 +121,9 @@ class Runtime:
                     continue
                 if field == KV_CAPACITY_INFO:
                     info_capacity += _cache_tokens(sample.labels)
+                elif field == LORA_INFO:
+                    if lora is None or sample.value >= lora[0]:
+                        lora = (float(sample.value), sample.labels)
                 else:
                     values[field] = values.get(field, 0.0) + float(sample.value)
         capacity = info_capacity or max(0, int(values.pop(KV_CAPACITY_TOKENS, 0.0)))
@@ -126,6 +138,8 @@ class Runtime:
             prefix_cache_queries=values.get("prefix_cache_queries", 0.0),
             prefix_cache_hits=values.get("prefix_cache_hits", 0.0),
             kv_capacity_tokens=capacity,
+            lora_adapters=_adapters(lora[1]) if lora is not None else frozenset(),
+            max_lora=_int_label(lora[1], "max_lora") if lora is not None else 0,
         )
 
     # -- continuation -------------------------------------------------------------------------
@@ -186,4 +200,16 @@ def _cache_tokens(labels: Mapping[str, str]) -> int:
     try:
         return max(0, int(labels.get("num_gpu_blocks") or 0)) * max(0, int(labels.get("block_size") or 0))
     except ValueError:  # "None" before the engine has sized its cache
+        return 0
+
+
+def _adapters(labels: Mapping[str, str]) -> frozenset[str]:
+    names = f"{labels.get('running_lora_adapters', '')},{labels.get('waiting_lora_adapters', '')}"
+    return frozenset(n.strip() for n in names.split(",") if n.strip())
+
+
+def _int_label(labels: Mapping[str, str], key: str) -> int:
+    try:
+        return max(0, int(labels.get(key) or 0))
+    except ValueError:
         return 0

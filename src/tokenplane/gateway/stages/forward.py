@@ -75,7 +75,7 @@ class Forward:
         assert info is not None and parsed is not None and model is not None and tenant is not None
         deadline_s = ex.deadline_s
         body = parsed.body
-        body["model"] = model.served_name
+        body["model"] = info.adapter or model.served_name  # vLLM serves an adapter under its name
         # Re-encoded, never the client's bytes as they came: what the instance reads is then what
         # was validated here (a body with a key twice means one thing to msgspec, last wins, and
         # maybe another to a runtime's parser; max_tokens checked here could be bypassed).

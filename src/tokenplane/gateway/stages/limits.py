@@ -49,6 +49,7 @@ class Describer:
             arrival_s=now,
             workflow=None if hints is None else hints.workflow,
             cached_prefix_tokens=self._cached_prefix(parsed),
+            adapter=parsed.model if parsed.model in model.adapters else None,
         )
 
     def _cached_prefix(self, parsed: ParsedRequest) -> dict[str, int] | None:

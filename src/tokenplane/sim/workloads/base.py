@@ -42,6 +42,8 @@ class RequestSpec(msgspec.Struct, frozen=True, gc=False):
     """Priority class hint (1 interactive, 0 standard, -1 batch), passed to ``RequestInfo.priority``."""
     latency_budget_s: float | None = None
     """Time-to-first-token budget counted from arrival, passed to ``RequestInfo.latency_budget_s``."""
+    adapter: str | None = None
+    """The LoRA adapter the request asks for (the workload option ``adapters``), or the base model."""
 
 
 class Workload(Protocol):

@@ -10,6 +10,9 @@ Examples::
     {"type": "servegen", "path": "servegen/reason/deepseek-r1", "time_scale": 0.04}
     {"type": "bursty", "rate_rps": 20, "cv": 4, "peak_ratio": 4, "burst_s": 60, "duration_s": 1800}
 
+Every type takes ``adapters: {count, zipf_s, seed}``: requests then ask for LoRA adapters
+(:mod:`tokenplane.sim.workloads.adapters`).
+
 Relative trace paths are resolved against the traces folder; a typo or a bad value raises
 :class:`WorkloadConfigError` naming the field.
 """
@@ -23,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tokenplane.sim.errors import WorkloadConfigError
+from tokenplane.sim.workloads.adapters import AdapterSettings, AdapterWorkload
 from tokenplane.sim.workloads.agentic import AGENTIC_PRESETS, AgenticWorkload
 from tokenplane.sim.workloads.azure import AzureTrace
 from tokenplane.sim.workloads.base import Workload
@@ -202,8 +206,11 @@ def check_workload_config(cfg: Mapping[str, Any]) -> _Strict:
         raise WorkloadConfigError(
             f"workload config needs 'type', one of {sorted(WORKLOAD_TYPES)}; got {kind!r}"
         )
+    body = {k: v for k, v in cfg.items() if k != "adapters"}  # an option of every type
     try:
-        return WORKLOAD_TYPES[kind].model_validate(dict(cfg))
+        if "adapters" in cfg:
+            AdapterSettings.model_validate(cfg["adapters"])
+        return WORKLOAD_TYPES[kind].model_validate(body)
     except ValidationError as exc:
         raise WorkloadConfigError(_format_errors(kind, exc)) from None
 
@@ -217,7 +224,13 @@ def build_workload(cfg: Mapping[str, Any], *, traces: Path | None, seed: int) ->
     parsed = check_workload_config(cfg)
     kind = cfg["type"]
     try:
-        return _build(parsed, traces, seed)
+        workload = _build(parsed, traces, seed)
+        if "adapters" in cfg:
+            tags = AdapterSettings.model_validate(cfg["adapters"])
+            workload = AdapterWorkload(
+                workload, count=tags.count, zipf_s=tags.zipf_s, seed=seed if tags.seed is None else tags.seed
+            )
+        return workload
     except (ValueError, FileNotFoundError) as exc:
         if isinstance(exc, WorkloadConfigError):
             raise
