@@ -32,6 +32,7 @@ from aiohttp import web
 
 from tokenplane.gateway.admin import Admin
 from tokenplane.gateway.config import GatewayConfig
+from tokenplane.gateway.drain import DRAIN_KEY, Drain
 from tokenplane.gateway.edges.aiohttp_edge import AiohttpClient
 from tokenplane.gateway.fallback import SERVED_BY_HEADER, SERVED_BY_KEY
 from tokenplane.gateway.stages.admission import Admission
@@ -88,9 +89,11 @@ def create_app(
     """The gateway as an aiohttp application; its session and pool start and stop with the app."""
     gw = Gateway(config, rng=rng)
     pipeline = build_pipeline(gw, extra_stages)
-    admin = Admin(gw)
-    app = web.Application(client_max_size=config.limits.max_body_bytes)
+    drain = Drain()
+    admin = Admin(gw, drain)
+    app = web.Application(client_max_size=config.limits.max_body_bytes, middlewares=[drain.middleware])
     app[GATEWAY_KEY] = gw
+    app[DRAIN_KEY] = drain
     app[PIPELINE_KEY] = pipeline
 
     loops: list[Any] = []
@@ -130,6 +133,8 @@ def create_app(
         ("GET", "/v1/models", admin.models),
         ("GET", "/v1/instances", admin.instances),
         ("GET", "/health", admin.health),
+        ("GET", "/health/ready", admin.health),
+        ("GET", "/health/live", admin.live),
         ("GET", "/metrics", admin.prometheus),
         ("GET", "/v1/workflows/{workflow_id}", admin.workflow),
         ("POST", "/v1/workflows/{workflow_id}/outcome", admin.workflow_outcome),

@@ -111,6 +111,13 @@ class ListenConfig(_Strict):
     fast_front: bool = True
 
 
+class DrainConfig(_Strict):
+    """SIGTERM: requests in flight get up to ``deadline_s`` to finish (keep it under the pod's
+    ``terminationGracePeriodSeconds``, 120 s in deploy/kubernetes) before the gateway exits."""
+
+    deadline_s: float = Field(110.0, gt=0)
+
+
 class LimitsConfig(_Strict):
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1)
     max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
@@ -322,6 +329,7 @@ class GatewayConfig(_Strict):
     autoscaling: AutoscalingConfig | None = None
     ledger: LedgerConfig = LedgerConfig()
     tracing: TracingConfig = TracingConfig()
+    drain: DrainConfig = DrainConfig()
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

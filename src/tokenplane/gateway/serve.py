@@ -1,4 +1,4 @@
-"""``tokenplane serve CONFIG.yaml``: run the gateway until interrupted (SIGINT or SIGTERM).
+"""``tokenplane serve CONFIG.yaml``: run the gateway until interrupted (SIGINT; SIGTERM drains first).
 
 Runs on uvloop when it is installed. The completion routes are served by the fast front
 (:mod:`~tokenplane.gateway.edges.fast_front`), every other route by aiohttp behind it. Either way a client
@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tokenplane.gateway.app import create_app
 from tokenplane.gateway.config import load_config
+from tokenplane.gateway.drain import DRAIN_KEY
 from tokenplane.gateway.server import GatewayServer
 from tokenplane.runloop import freeze_startup_objects, new_event_loop
 
@@ -35,22 +36,30 @@ def serve(config: Path, host: str | None, port: int | None) -> None:
     )
     loop = new_event_loop()
     try:
-        loop.run_until_complete(_run(server))
+        loop.run_until_complete(_run(server, cfg.drain.deadline_s))
     finally:
         loop.close()
 
 
-async def _run(server: GatewayServer) -> None:
+async def _run(server: GatewayServer, drain_deadline_s: float) -> None:
     stop = asyncio.Event()
+    term = asyncio.Event()  # SIGTERM: drain first (gateway/drain.py); SIGINT: stop now
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig, events in ((signal.SIGINT, (stop,)), (signal.SIGTERM, (term, stop))):
         with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' loop
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, _set_all, events)
     await server.start()
     host = f"[{server.host}]" if ":" in server.host else server.host
     log.info("serving on http://%s:%d (press CTRL+C to quit)", host, server.port)
     try:
         await stop.wait()
+        if term.is_set():
+            await server.app[DRAIN_KEY].run(server, drain_deadline_s)
     finally:
         log.info("shutting down")
         await server.close()
+
+
+def _set_all(events: tuple[asyncio.Event, ...]) -> None:
+    for e in events:
+        e.set()
