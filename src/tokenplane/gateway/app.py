@@ -97,6 +97,7 @@ def create_app(
     app[PIPELINE_KEY] = pipeline
 
     loops: list[Any] = []
+    sources: list[Any] = []
 
     async def on_startup(_: web.Application) -> None:
         await gw.start()
@@ -106,10 +107,16 @@ def create_app(
             loop = build_control_loop(gw, config.autoscaling)
             loop.start()
             loops.append(loop)
+        if config.discovery.kind != "static":
+            from tokenplane.gateway.discovery import start_discovery
+
+            sources.append(start_discovery(gw, config.discovery, config.instances))
 
     async def on_cleanup(_: web.Application) -> None:
         for loop in loops:
             await loop.stop(stop_instances=True)
+        for source in sources:
+            await source.stop()
         await gw.stop()
 
     app.on_startup.append(on_startup)
