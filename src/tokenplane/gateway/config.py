@@ -146,6 +146,13 @@ class DiscoveryConfig(_Strict):
         return self
 
 
+class ReloadConfig(_Strict):
+    """Reload tenants, models and limits when the config file changes (SIGHUP reloads always)."""
+
+    watch: bool = True
+    interval_s: float = Field(1.0, gt=0)
+
+
 class DrainConfig(_Strict):
     """SIGTERM: requests in flight get up to ``deadline_s`` to finish (keep it under the pod's
     ``terminationGracePeriodSeconds``, 120 s in deploy/kubernetes) before the gateway exits."""
@@ -366,6 +373,7 @@ class GatewayConfig(_Strict):
     tracing: TracingConfig = TracingConfig()
     drain: DrainConfig = DrainConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
+    reload: ReloadConfig = ReloadConfig()
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

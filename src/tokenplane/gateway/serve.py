@@ -13,11 +13,13 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from tokenplane.gateway.app import create_app
 from tokenplane.gateway.config import load_config
 from tokenplane.gateway.drain import DRAIN_KEY
+from tokenplane.gateway.reload import Reloader, start_reloading
 from tokenplane.gateway.server import GatewayServer
 from tokenplane.runloop import freeze_startup_objects, new_event_loop
 
@@ -36,12 +38,14 @@ def serve(config: Path, host: str | None, port: int | None) -> None:
     )
     loop = new_event_loop()
     try:
-        loop.run_until_complete(_run(server, cfg.drain.deadline_s))
+        loop.run_until_complete(
+            _run(server, cfg.drain.deadline_s, lambda: start_reloading(server, config, cfg))
+        )
     finally:
         loop.close()
 
 
-async def _run(server: GatewayServer, drain_deadline_s: float) -> None:
+async def _run(server: GatewayServer, drain_deadline_s: float, reloading: Callable[[], Reloader]) -> None:
     stop = asyncio.Event()
     term = asyncio.Event()  # SIGTERM: drain first (gateway/drain.py); SIGINT: stop now
     loop = asyncio.get_running_loop()
@@ -49,6 +53,7 @@ async def _run(server: GatewayServer, drain_deadline_s: float) -> None:
         with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' loop
             loop.add_signal_handler(sig, _set_all, events)
     await server.start()
+    reloader = reloading()  # SIGHUP and config file changes (gateway/reload.py)
     host = f"[{server.host}]" if ":" in server.host else server.host
     log.info("serving on http://%s:%d (press CTRL+C to quit)", host, server.port)
     try:
@@ -57,6 +62,7 @@ async def _run(server: GatewayServer, drain_deadline_s: float) -> None:
             await server.app[DRAIN_KEY].run(server, drain_deadline_s)
     finally:
         log.info("shutting down")
+        await reloader.stop()
         await server.close()
 
 
