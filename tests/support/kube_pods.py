@@ -151,6 +151,8 @@ class FakePodApi:
                     break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), left)
+        except ConnectionError:  # the client went away
+            return resp
         finally:
             self.watchers.discard(resp)
         with contextlib.suppress(ConnectionError):
