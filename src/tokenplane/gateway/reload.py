@@ -3,15 +3,17 @@
 The new file is validated first; an invalid one is refused with a log line naming the path and the
 reason, and the config in use keeps serving. A valid one replaces, in one step between two
 requests, the tenants and their keys, the models' aliases, routers and upstream names, and the
-request limits: the gateway's authenticator and model catalogue are rebuilt and the request
+request limits (``limits.max_body_bytes`` excepted: the listening front keeps the one it started
+with): the gateway's authenticator and model catalogue are rebuilt and the request
 pipeline's stages swapped. A request already under way keeps the stages (and so the tenant, model
 and limits) it started with until it ends.
 
 What a reload does not change (a restart does): ``listen``, ``instances`` (use ``discovery``),
 ``scrape``, ``health``, ``retry``, ``breaker``, ``admission``, ``autoscaling``, ``ledger``,
-``tracing`` and the models' response cache, fallback and deferral settings. Adding or removing a
-model is refused (each model has its own admission queue and pool); a change to the other sections
-is ignored with a warning.
+``tracing`` and the models' response cache, fallback and deferral settings (a tenant may become
+``deferrable`` by reload only when some tenant was at start: the deferral stage exists then).
+Adding or removing a model is refused (each model has its own admission queue and pool); a change
+to the other sections is ignored with a warning.
 
 ``/metrics`` shows ``tokenplane_config_generation`` (1 at start, +1 per applied reload) and
 ``tokenplane_config_reloads_total{result}`` with ``tokenplane_config_last_reload_success``.
@@ -129,6 +131,8 @@ class Reloader:
         gw.auth = Authenticator(new.tenants)
         gw.catalog = ModelCatalog(new.models, random.Random())
         gw.limits = new.limits
+        gw.defer_always = frozenset(t.name for t in new.tenants if t.priority == "deferrable")
+        gw.defer_allowed = gw.defer_always | {t.name for t in new.tenants if t.allow_deferrable}
         fresh = build_pipeline(gw)
         # one step, no await: a request sees the old stages or the new ones, never a mix
         self.pipeline.stages, self.pipeline.exits = fresh.stages, fresh.exits
