@@ -5,6 +5,7 @@ server going away and coming back is survived; under steady streaming load no re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 from urllib.parse import urlparse
 
@@ -133,3 +134,41 @@ async def test_pods_join_and_leave_through_watch_expiry_and_an_api_restart(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_watch_resumes_from_its_version_and_lists_again_only_on_410(pod_api: Any) -> None:
+    from tokenplane.gateway.config import KubernetesDiscoveryConfig
+    from tokenplane.gateway.discovery.kubernetes import KubernetesSource
+
+    class Sink:
+        def __init__(self) -> None:
+            self.wanted: dict[str, Any] = {}
+
+        def apply(self, wanted: dict[str, Any]) -> None:
+            self.wanted = dict(wanted)
+
+    sink = Sink()
+    pod_api.add_pod("vllm-0", 8000, "llama-3-8b", ready=True)
+    cfg = KubernetesDiscoveryConfig(
+        namespace="inference", label_selector="app=vllm", api_host=pod_api.url, watch_timeout_s=1
+    )
+    source = KubernetesSource(cfg)
+    task = asyncio.create_task(source.run(sink))  # type: ignore[arg-type]
+    try:
+        while source.watches < 2:  # the first watch ran out its timeoutSeconds
+            await asyncio.sleep(0.02)
+        assert source.lists == 1, "a watch that ends resumes from its version, without a list"
+        pod_api.bookmark()
+        while source.version != str(pod_api.version):
+            await asyncio.sleep(0.02)
+        pod_api.add_pod("vllm-1", 8001, "llama-3-8b", ready=True)
+        while set(sink.wanted) != {"vllm-0", "vllm-1"}:
+            await asyncio.sleep(0.02)
+        await pod_api.expire()
+        while source.lists < 2:
+            await asyncio.sleep(0.02)
+        assert set(sink.wanted) == {"vllm-0", "vllm-1"}
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
