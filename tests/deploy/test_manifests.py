@@ -70,8 +70,8 @@ def test_selectors_match_the_pods() -> None:
 
 def test_probes_and_drain_use_the_gateway_health_route() -> None:
     container = base_resource("Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health/live"
     assert container["resources"]["requests"]["cpu"]
 
 
@@ -95,6 +95,8 @@ def test_the_mounted_config_loads_with_the_secret_as_environment(
     cfg = load_config(f)
     assert cfg.tenants[0].api_keys == (secret["stringData"]["TOKENPLANE_DEFAULT_KEY_HASH"],)
     assert cfg.listen.port == container["ports"][0]["containerPort"]
+    grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert cfg.drain.deadline_s < grace, "SIGTERM's drain ends before the kubelet's SIGKILL"
 
 
 def test_the_dashboard_configmap_carries_the_dashboard() -> None:

@@ -8,6 +8,7 @@ import time
 import msgspec
 from aiohttp import web
 
+from tokenplane.gateway.drain import Drain
 from tokenplane.gateway.edges.aiohttp_edge import AiohttpClient
 from tokenplane.gateway.errors import GatewayError, MethodNotAllowed, RouteNotFound, error_response
 from tokenplane.gateway.metrics import CONTENT_TYPE
@@ -25,8 +26,9 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 class Admin:
     """The admin handlers over one gateway's state."""
 
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: Gateway, drain: Drain | None = None) -> None:
         self.gw = gw
+        self.drain = drain
 
     async def models(self, request: web.Request) -> web.Response:
         try:
@@ -36,10 +38,21 @@ class Admin:
         return web.Response(body=self.gw.catalog.listing(tenant), content_type="application/json")
 
     async def health(self, request: web.Request) -> web.Response:
+        """Readiness (``/health``, ``/health/ready``): 503 ``draining`` once SIGTERM arrived."""
         ups = self.gw.pool.all()
         healthy = sum(1 for u in ups if u.healthy)
-        body = {"status": "ok", "instances": len(ups), "healthy_instances": healthy}
-        return web.Response(body=_encode(body), content_type="application/json")
+        draining = self.drain is not None and self.drain.draining
+        body = {
+            "status": "draining" if draining else "ok",
+            "instances": len(ups),
+            "healthy_instances": healthy,
+        }
+        status = 503 if draining else 200
+        return web.Response(status=status, body=_encode(body), content_type="application/json")
+
+    async def live(self, request: web.Request) -> web.Response:
+        """Liveness (``/health/live``): 200 while the process serves, draining or not."""
+        return web.Response(body=_encode({"status": "alive"}), content_type="application/json")
 
     async def prometheus(self, request: web.Request) -> web.Response:
         await self.gw.workflows.refresh()

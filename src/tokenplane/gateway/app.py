@@ -34,6 +34,7 @@ from aiohttp import web
 
 from tokenplane.gateway.admin import Admin
 from tokenplane.gateway.config import GatewayConfig
+from tokenplane.gateway.drain import DRAIN_KEY, Drain
 from tokenplane.gateway.edges.aiohttp_edge import AiohttpClient
 from tokenplane.gateway.fallback import SERVED_BY_HEADER, SERVED_BY_KEY
 from tokenplane.gateway.stages.admission import Admission
@@ -94,12 +95,15 @@ def create_app(
     """The gateway as an aiohttp application; its session and pool start and stop with the app."""
     gw = Gateway(config, rng=rng)
     pipeline = build_pipeline(gw, extra_stages)
-    admin = Admin(gw)
-    app = web.Application(client_max_size=config.limits.max_body_bytes)
+    drain = Drain()
+    admin = Admin(gw, drain)
+    app = web.Application(client_max_size=config.limits.max_body_bytes, middlewares=[drain.middleware])
     app[GATEWAY_KEY] = gw
+    app[DRAIN_KEY] = drain
     app[PIPELINE_KEY] = pipeline
 
     loops: list[Any] = []
+    sources: list[Any] = []
 
     async def on_startup(_: web.Application) -> None:
         await gw.start()
@@ -109,10 +113,16 @@ def create_app(
             loop = build_control_loop(gw, config.autoscaling)
             loop.start()
             loops.append(loop)
+        if config.discovery.kind != "static":
+            from tokenplane.gateway.discovery import start_discovery
+
+            sources.append(start_discovery(gw, config.discovery, config.instances))
 
     async def on_cleanup(_: web.Application) -> None:
         for loop in loops:
             await loop.stop(stop_instances=True)
+        for source in sources:
+            await source.stop()
         await gw.stop()
 
     app.on_startup.append(on_startup)
@@ -136,6 +146,8 @@ def create_app(
         ("GET", "/v1/models", admin.models),
         ("GET", "/v1/instances", admin.instances),
         ("GET", "/health", admin.health),
+        ("GET", "/health/ready", admin.health),
+        ("GET", "/health/live", admin.live),
         ("GET", "/metrics", admin.prometheus),
         ("GET", "/v1/workflows/{workflow_id}", admin.workflow),
         ("POST", "/v1/workflows/{workflow_id}/outcome", admin.workflow_outcome),

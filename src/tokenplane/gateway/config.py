@@ -114,6 +114,55 @@ class ListenConfig(_Strict):
     fast_front: bool = True
 
 
+class KubernetesDiscoveryConfig(_Strict):
+    """Ready pods in ``namespace`` matching ``label_selector`` (gateway/discovery/kubernetes.py)."""
+
+    namespace: str = Field(min_length=1)
+    label_selector: str = Field(min_length=1)
+    port_name: str = "http"
+    api_host: str | None = None
+    """A bare API server URL (a proxy, tests); else in-cluster or the kubeconfig."""
+    in_cluster: bool = True
+    kubeconfig: str | None = None
+    watch_timeout_s: float = Field(60.0, ge=1)
+    backoff_s: float = Field(0.5, gt=0)
+    backoff_max_s: float = Field(10.0, gt=0)
+
+
+class DiscoveryConfig(_Strict):
+    """Where instances come from: ``static`` (``instances``, fixed), ``file`` (``path``'s
+    ``instances``, re-read on change), ``kubernetes`` (ready pods)."""
+
+    kind: Literal["static", "file", "kubernetes"] = "static"
+    path: str | None = None
+    interval_s: float = Field(1.0, gt=0)
+    drain_timeout_s: float = Field(110.0, gt=0)
+    """A leaving instance is removed once its requests end, or after this long."""
+    kubernetes: KubernetesDiscoveryConfig | None = None
+
+    @model_validator(mode="after")
+    def _source(self) -> DiscoveryConfig:
+        if self.kind == "file" and not self.path:
+            raise ValueError("path: required with kind: file")
+        if self.kind == "kubernetes" and self.kubernetes is None:
+            raise ValueError("kubernetes: required with kind: kubernetes (namespace, label_selector)")
+        return self
+
+
+class ReloadConfig(_Strict):
+    """Reload tenants, models and limits when the config file changes (SIGHUP reloads always)."""
+
+    watch: bool = True
+    interval_s: float = Field(1.0, gt=0)
+
+
+class DrainConfig(_Strict):
+    """SIGTERM: requests in flight get up to ``deadline_s`` to finish (keep it under the pod's
+    ``terminationGracePeriodSeconds``, 120 s in deploy/kubernetes) before the gateway exits."""
+
+    deadline_s: float = Field(110.0, gt=0)
+
+
 class LimitsConfig(_Strict):
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1)
     max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
@@ -386,7 +435,7 @@ class GatewayConfig(_Strict):
     limits: LimitsConfig = LimitsConfig()
     tenants: tuple[TenantConfig, ...] = ()
     models: tuple[ModelConfig, ...] = Field(min_length=1)
-    instances: tuple[InstanceConfig, ...] = Field(min_length=1)
+    instances: tuple[InstanceConfig, ...] = ()
     scrape: ScrapeConfig = ScrapeConfig()
     health: HealthConfig = HealthConfig()
     retry: RetryConfig = RetryConfig()
@@ -396,6 +445,9 @@ class GatewayConfig(_Strict):
     ledger: LedgerConfig = LedgerConfig()
     tracing: TracingConfig = TracingConfig()
     state: StateConfig = StateConfig()
+    drain: DrainConfig = DrainConfig()
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    reload: ReloadConfig = ReloadConfig()
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:
@@ -411,6 +463,8 @@ class GatewayConfig(_Strict):
             for j, fb in enumerate(m.fallback):
                 if fb.model not in names or names[fb.model] == m.name:
                     raise ValueError(f"models[{i}].fallback[{j}].model: {fb.model!r} is not another model")
+        if not self.instances and self.discovery.kind != "kubernetes":
+            raise ValueError("instances: at least one instance (or discovery.kind: kubernetes)")
         ids: set[str] = set()
         for i, inst in enumerate(self.instances):
             if inst.id in ids:

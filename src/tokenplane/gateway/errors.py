@@ -21,7 +21,8 @@ Hierarchy::
     │   ├── KvWorkingSetFull          429 a new task while the tasks in progress fill the KV cache
     │   ├── PoolSaturated             503 admission: queue full, shed, or expired while queued
     │   ├── NoHealthyInstance         503 no ready and healthy instance (or every breaker open)
-    │   └── LedgerUnreachable         503 the workflow ledger's store cannot be reached
+    │   ├── LedgerUnreachable         503 the workflow ledger's store cannot be reached
+    │   └── Draining                  503 the gateway is shutting down (SIGTERM); retry elsewhere
     └── UpstreamError                 502 / 504, the instance failed us
         ├── UpstreamUnavailable       502 connection refused or reset, or a 5xx answer
         ├── UpstreamProtocolError     502 the answer is not what the API promises
@@ -188,6 +189,10 @@ class PoolSaturated(Refused):
 
 class NoHealthyInstance(Refused):
     default_code = "no_healthy_instance"
+
+
+class Draining(Refused):
+    default_code = "draining"
 
 
 class UpstreamError(GatewayError):

@@ -1,4 +1,5 @@
-"""``tokenplane serve CONFIG.yaml [--workers N]``: run the gateway until interrupted (SIGINT or SIGTERM).
+"""``tokenplane serve CONFIG.yaml [--workers N]``: run the gateway until interrupted (SIGINT; SIGTERM
+drains first).
 
 Runs on uvloop when it is installed. The completion routes are served by the fast front
 (:mod:`~tokenplane.gateway.edges.fast_front`), every other route by aiohttp behind it. Either way a client
@@ -11,7 +12,7 @@ and the kernel spreads new connections across them, so one host's cores are used
 process only supervises: it reserves the port (so ``--port 0`` gives every worker the same one),
 starts the workers (``python -m tokenplane serve ... --worker K``), starts again a worker that
 exits, and on SIGINT or SIGTERM passes SIGTERM on and waits for every worker to finish its
-requests and close (``WORKER_STOP_TIMEOUT_S``, then SIGKILL). What the workers share is what the
+requests and close (their drain deadline plus ``WORKER_STOP_TIMEOUT_S``, then SIGKILL). What the workers share is what the
 configured backends share: the ledger on PostgreSQL (``ledger.url``) or a SQLite file; in memory,
 each worker has its own. Each worker's ``/metrics`` names it (``tokenplane_worker_info``).
 """
@@ -27,7 +28,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily
@@ -35,6 +36,8 @@ from prometheus_client.metrics_core import Metric
 
 from tokenplane.gateway.app import GATEWAY_KEY, create_app
 from tokenplane.gateway.config import load_config
+from tokenplane.gateway.drain import DRAIN_KEY
+from tokenplane.gateway.reload import Reloader, start_reloading
 from tokenplane.gateway.server import GatewayServer
 from tokenplane.runloop import freeze_startup_objects, new_event_loop
 
@@ -43,7 +46,8 @@ __all__ = ["WORKER_STOP_TIMEOUT_S", "serve"]
 log = logging.getLogger("tokenplane.gateway")
 
 WORKER_STOP_TIMEOUT_S = 15.0
-"""How long the parent waits for its workers to close after passing a stop signal on."""
+"""How long the parent waits for its workers to close after passing a stop signal on, beyond their
+drain deadline (``drain.deadline_s``: SIGTERM lets a worker finish its streams first)."""
 RESTART_PAUSE_S = 1.0
 """A worker that exits unasked is started again after this pause (not in a tight loop)."""
 
@@ -61,7 +65,7 @@ def serve(
     host = host or listen.host
     port = port if port is not None else listen.port
     if workers > 1:
-        _supervise(config, host, port, workers)
+        _supervise(config, host, port, workers, cfg.drain.deadline_s + WORKER_STOP_TIMEOUT_S)
         return
     app = create_app(cfg)
     app.on_startup.append(freeze_startup_objects)
@@ -70,30 +74,39 @@ def serve(
     server = GatewayServer(app, host, port, fast=listen.fast_front, reuse_port=worker is not None)
     loop = new_event_loop()
     try:
-        loop.run_until_complete(_run(server, worker))
+        loop.run_until_complete(
+            _run(server, worker, cfg.drain.deadline_s, lambda: start_reloading(server, config, cfg))
+        )
     finally:
         loop.close()
 
 
-async def _run(server: GatewayServer, worker: int | None) -> None:
+async def _run(
+    server: GatewayServer, worker: int | None, drain_deadline_s: float, reloading: Callable[[], Reloader]
+) -> None:
     stop = asyncio.Event()
+    term = asyncio.Event()  # SIGTERM: drain first (gateway/drain.py); SIGINT: stop now
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig, events in ((signal.SIGINT, (stop,)), (signal.SIGTERM, (term, stop))):
         with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' loop
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, _set_all, events)
     try:
         await server.start()
     except BaseException:  # a start-up hook failed (the ledger's database unreachable...): stop what
         with contextlib.suppress(Exception):  # the gateway had started (its checks, housekeeping)
             await server.app[GATEWAY_KEY].stop()
         raise
+    reloader = reloading()  # SIGHUP and config file changes (gateway/reload.py)
     host = f"[{server.host}]" if ":" in server.host else server.host
     who = "" if worker is None else f" (worker {worker}, pid {os.getpid()})"
     log.info("serving on http://%s:%d%s (press CTRL+C to quit)", host, server.port, who)
     try:
         await stop.wait()
+        if term.is_set():
+            await server.app[DRAIN_KEY].run(server, drain_deadline_s)
     finally:
         log.info("shutting down%s", who)
+        await reloader.stop()
         await server.close()
 
 
@@ -130,7 +143,7 @@ def _start_worker(config: Path, host: str, port: int, k: int) -> subprocess.Pope
     return subprocess.Popen([*cmd, "--worker", str(k)])
 
 
-def _supervise(config: Path, host: str, port: int, workers: int) -> None:
+def _supervise(config: Path, host: str, port: int, workers: int, stop_timeout_s: float) -> None:
     if not hasattr(socket, "SO_REUSEPORT"):  # pragma: no cover - Linux, the BSDs and macOS have it
         raise SystemExit("--workers needs SO_REUSEPORT, which this platform lacks")
     reserved = _reserve_port(host, port)
@@ -164,14 +177,19 @@ def _supervise(config: Path, host: str, port: int, workers: int) -> None:
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + WORKER_STOP_TIMEOUT_S
+        deadline = time.monotonic() + stop_timeout_s
         for p in procs:
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.error("worker pid %d did not stop in %.0f s: killing it", p.pid, WORKER_STOP_TIMEOUT_S)
+                log.error("worker pid %d did not stop in %.0f s: killing it", p.pid, stop_timeout_s)
                 p.kill()
                 p.wait()
         reserved.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _set_all(events: tuple[asyncio.Event, ...]) -> None:
+    for e in events:
+        e.set()

@@ -58,7 +58,7 @@ class Pipeline:
     async def run(self, client: ClientStream, endpoint: str) -> web.StreamResponse:
         """Run one request; returns what the edge sends (or the answer already sent)."""
         ctx = RequestContext(client, endpoint, self.clock())
-        stages = self.stages
+        stages, exits = self.stages, self.exits  # a config reload swaps both; this request keeps these
         entered = 0
         try:
             for stage in stages:
@@ -82,7 +82,6 @@ class Pipeline:
                 GatewayError("internal error in the gateway", code="internal_error")
             )
         finally:
-            exits = self.exits
             while entered:
                 entered -= 1
                 exit_ = exits[entered]
