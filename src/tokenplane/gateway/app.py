@@ -36,6 +36,7 @@ from tokenplane.gateway.config import EdgeConfig, GatewayConfig
 from tokenplane.gateway.edges.aiohttp_edge import AiohttpClient
 from tokenplane.gateway.edges.guard import expect_handler
 from tokenplane.gateway.fallback import SERVED_BY_HEADER, SERVED_BY_KEY
+from tokenplane.gateway.keys import REVOKE_PATH, Keys
 from tokenplane.gateway.openapi import OPENAPI_PATH
 from tokenplane.gateway.stages.admission import Admission
 from tokenplane.gateway.stages.attempt import Attempts
@@ -139,6 +140,7 @@ def create_app(
         ("GET", "/v1/workflows/{workflow_id}", admin.workflow),
         ("POST", "/v1/workflows/{workflow_id}/outcome", admin.workflow_outcome),
         ("GET", OPENAPI_PATH, openapi.serve),
+        ("POST", REVOKE_PATH, Keys(gw.auth).revoke),
     ]
     gateway_paths = frozenset(path for _, path, _ in routes if "{" not in path)
     for method, path, handler in routes:

@@ -236,6 +236,25 @@ def document() -> dict[str, Any]:
                 }
             },
             OPENAPI_PATH: _get("This document.", {"type": "object"}, auth=False),
+            "/v1/keys/revoke": {
+                "post": {
+                    "summary": "Revoke one of this tenant's API keys (in memory, until restart).",
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Revoke"}}},
+                    },
+                    "responses": {
+                        "200": {
+                            "description": "Revoked.",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        },
+                        "400": _error("Not a key hash."),
+                        "401": _error("A missing or unknown API key."),
+                        "404": _error("No such key for this tenant."),
+                        "413": _error("The body is over the route's limit."),
+                    },
+                }
+            },
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -255,6 +274,11 @@ def document() -> dict[str, Any]:
                     "type": "object",
                     "required": ["model", "prompt"],
                     "properties": {"model": _MODEL, "prompt": _PROMPT, **_SAMPLING},
+                },
+                "Revoke": {
+                    "type": "object",
+                    "required": ["key_hash"],
+                    "properties": {"key_hash": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}},
                 },
                 "Outcome": {
                     "type": "object",
