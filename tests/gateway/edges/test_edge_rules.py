@@ -376,3 +376,18 @@ async def test_edge_rule(edge_gateway: Any, case: Case) -> None:
         assert len(up.requests) == upstream, up.requests
     finally:
         conn.sock.close()
+
+
+def test_the_readme_edge_section_is_the_defaults() -> None:
+    """The README's ``edge:`` block is valid and says what the defaults are."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from tokenplane.gateway.config import EdgeConfig
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", readme, flags=re.S)]
+    edge = next(b["edge"] for b in blocks if isinstance(b, dict) and "edge" in b)
+    assert EdgeConfig.model_validate(edge) == EdgeConfig()
