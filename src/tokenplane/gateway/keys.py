@@ -30,10 +30,6 @@ _KEY_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 _MAX_BODY_BYTES = 1024
 
 
-class KeyNotFound(RouteNotFound):
-    default_code = "key_not_found"
-
-
 class Keys:
     """The revocation route over one gateway's authenticator."""
 
@@ -57,11 +53,11 @@ class Keys:
                     "'key_hash' must be 'sha256:' + 64 lowercase hex digits", param="key_hash"
                 )
             if not self.auth.revoke(tenant, key_hash):
-                raise KeyNotFound("no such key for this tenant", param="key_hash")
+                raise RouteNotFound("no such key for this tenant", param="key_hash", code="key_not_found")
         except GatewayError as exc:
             return error_response(exc)
         body_out = msgspec.json.encode({"revoked": key_hash, "tenant": tenant.name})
         return web.Response(body=body_out, content_type="application/json")
 
 
-__all__ = ["REVOKE_PATH", "KeyNotFound", "Keys"]
+__all__ = ["REVOKE_PATH", "Keys"]
