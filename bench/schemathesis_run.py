@@ -104,7 +104,7 @@ def running_gateway(instances: int = 2) -> Iterator[str]:
 def _problem(status: int, body: bytes) -> str | None:
     """What is wrong with an answer, if anything."""
     if status >= 500:
-        return f"a {status} answer"
+        return f"a {status} answer: {body[:300]!r}"
     if 400 <= status < 500:
         try:
             error = json.loads(body)["error"]

@@ -209,6 +209,8 @@ CASES = [
     Case("expect-unknown", (head("Expect: something", f"Content-Length: {N}") + BODY,), (417,), False, 0),
     Case("http10-closes", (req(version="1.0"),), (200,), True, 1),
     Case("http10-keep-alive", (req("Connection: keep-alive", version="1.0"),), (200,), False, 1),
+    # a body that came in pieces, then a keep-alive connection idle past the header timeout: no 408
+    Case("body-in-pieces-then-idle", (head(f"Content-Length: {N}"), 0.05, BODY, 0.6), (200,), False, 1),
     Case("http11-close", (req("Connection: close"),), (200,), True, 1),
     Case("pipelined", (req() + req() + req(),), (200, 200, 200), False, 3),
     Case("pipelined-then-bad", (req() + b"GARBAGE\r\n\r\n",), (200, 400), True, 1, on_aiohttp=((400,), 0)),

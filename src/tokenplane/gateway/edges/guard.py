@@ -83,14 +83,13 @@ async def expect_handler(request: web.Request) -> None:
 class EdgeHandler(RequestHandler):
     """aiohttp's per-connection protocol with the header timeout and the edge's refusals."""
 
-    __slots__ = ("_closing", "_head_prefix", "_head_timer", "_saw_bytes_in_flight", "edge")
+    __slots__ = ("_closing", "_head_prefix", "_head_timer", "edge")
 
     def __init__(self, manager: web.Server, edge: EdgeConfig, **kwargs: Any) -> None:
         super().__init__(manager, **handler_kwargs(edge), **kwargs)
         self.edge = edge
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_prefix = b""  # the current head's first bytes: where its request line ends
-        self._saw_bytes_in_flight = False
         self._closing = False  # the answer now being made is the connection's last
 
     # -- the header timeout ---------------------------------------------------------------------
@@ -106,9 +105,9 @@ class EdgeHandler(RequestHandler):
         super().data_received(data)
         if not self._idle():
             self._disarm()
-            if not idle:
-                self._saw_bytes_in_flight = True
         elif self._head_timer is None and data:
+            # A head began (bytes that came while a request was in flight are its body, or a
+            # pipelined head that aiohttp's keep-alive timeout bounds).
             self._arm()
 
     def _arm(self) -> None:
@@ -141,14 +140,10 @@ class EdgeHandler(RequestHandler):
         return await super().finish_response(request, resp, start_time)
 
     async def _handle_request(self, request: Any, start_time: Any, request_handler: Any) -> Any:
-        self._saw_bytes_in_flight = False
         try:
-            out = await super()._handle_request(request, start_time, request_handler)
+            return await super()._handle_request(request, start_time, request_handler)
         finally:
             self._head_prefix = b""  # the next head starts afresh
-        if self._saw_bytes_in_flight and not self._messages and self._head_timer is None:
-            self._arm()  # a pipelined head began while this request was handled
-        return out
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
@@ -172,7 +167,7 @@ class EdgeHandler(RequestHandler):
         elif status == 417:
             error = ExpectationFailed("only 'Expect: 100-continue' is supported")
         else:
-            log.error("error handling a request: %s", type(exc).__name__ if exc else status)
+            log.error("error handling a request (%s)", status, exc_info=exc)
             error = GatewayError("internal error")
         self._disarm()
         resp = error_response(error)
