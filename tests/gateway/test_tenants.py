@@ -1,10 +1,10 @@
-"""API keys to tenants: hashed keys in config, and the bounded memo of header values seen valid."""
+"""API keys to tenants: hashed keys in config (constant-time comparison and revocation are in
+test_secrets.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tokenplane.gateway import tenants as tenants_mod
 from tokenplane.gateway.config import TenantConfig, hash_key
 from tokenplane.gateway.errors import AuthenticationFailed
 from tokenplane.gateway.tenants import Authenticator
@@ -23,13 +23,3 @@ def test_a_valid_key_authenticates_every_time_and_a_wrong_one_never() -> None:
         with pytest.raises(AuthenticationFailed, match="invalid API key"):
             auth.authenticate("Bearer sk-1")
     assert auth.authenticate("bearer sk-0 ").name == "t0"  # the scheme is case-blind
-    assert list(auth._recent) == ["Bearer sk-0", "bearer sk-0 "]  # only values that authenticated
-
-
-def test_the_memo_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tenants_mod, "MAX_RECENT_KEYS", 3)
-    auth = _auth(5)
-    for _ in range(2):
-        for i in range(5):
-            assert auth.authenticate(f"Bearer sk-{i}").name == f"t{i}"
-            assert len(auth._recent) <= 3

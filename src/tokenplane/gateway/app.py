@@ -32,11 +32,15 @@ from typing import Any
 
 from aiohttp import web
 
+from tokenplane.gateway import openapi
 from tokenplane.gateway.admin import Admin
-from tokenplane.gateway.config import GatewayConfig
+from tokenplane.gateway.config import EdgeConfig, GatewayConfig
 from tokenplane.gateway.drain import DRAIN_KEY, Drain
 from tokenplane.gateway.edges.aiohttp_edge import AiohttpClient
+from tokenplane.gateway.edges.guard import expect_handler
 from tokenplane.gateway.fallback import SERVED_BY_HEADER, SERVED_BY_KEY
+from tokenplane.gateway.keys import REVOKE_PATH, Keys
+from tokenplane.gateway.openapi import OPENAPI_PATH
 from tokenplane.gateway.stages.admission import Admission
 from tokenplane.gateway.stages.attempt import Attempts
 from tokenplane.gateway.stages.authenticate import Authenticate
@@ -54,6 +58,7 @@ from tokenplane.gateway.state import Gateway
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("tokenplane_gateway")
 PIPELINE_KEY: web.AppKey[Pipeline] = web.AppKey("tokenplane_pipeline")
+EDGE_KEY: web.AppKey[EdgeConfig] = web.AppKey("tokenplane_edge")
 
 Extra = Callable[[Gateway], "list[Stage]"]
 """Builds stages to add, in order, just before forward (see the README's "Adding a stage")."""
@@ -101,6 +106,7 @@ def create_app(
     app[GATEWAY_KEY] = gw
     app[DRAIN_KEY] = drain
     app[PIPELINE_KEY] = pipeline
+    app[EDGE_KEY] = config.edge
 
     loops: list[Any] = []
     sources: list[Any] = []
@@ -151,12 +157,14 @@ def create_app(
         ("GET", "/metrics", admin.prometheus),
         ("GET", "/v1/workflows/{workflow_id}", admin.workflow),
         ("POST", "/v1/workflows/{workflow_id}/outcome", admin.workflow_outcome),
+        ("GET", OPENAPI_PATH, openapi.serve),
+        ("POST", REVOKE_PATH, Keys(gw.auth).revoke),
     ]
     gateway_paths = frozenset(path for _, path, _ in routes if "{" not in path)
     for method, path, handler in routes:
-        app.router.add_route(method, path, handler)
-    app.router.add_route("POST", "/v1/{tail:.+}", passthrough)
-    app.router.add_route("*", "/{tail:.*}", admin.not_found)
+        app.router.add_route(method, path, handler, expect_handler=expect_handler)
+    app.router.add_route("POST", "/v1/{tail:.+}", passthrough, expect_handler=expect_handler)
+    app.router.add_route("*", "/{tail:.*}", admin.not_found, expect_handler=expect_handler)
     return app
 
 

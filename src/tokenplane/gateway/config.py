@@ -2,7 +2,9 @@
 
 Shape (every section but ``models`` and ``instances`` is optional)::
 
-    listen: {host: 127.0.0.1, port: 8080}
+    listen: {host: 127.0.0.1, port: 8080, fast_front: true}
+    edge: {header_timeout_s: 10, body_timeout_s: 30, keepalive_timeout_s: 75,
+           max_request_line_bytes: 8190, max_field_bytes: 8190, max_headers: 100}
     limits: {max_body_bytes: 1048576, max_tokens: 32768, max_prompt_tokens: 131072,
              upstream_timeout_s: 300}
     tenants:
@@ -77,6 +79,12 @@ DEFAULT_METRICS_PATH = "/metrics"
 DEFAULT_ROUTER = "prefix-affinity"
 DEFAULT_TENANT = "default"
 DEFAULT_INSTANCE_MAX_CONCURRENCY = 256
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_KEEPALIVE_TIMEOUT_S = 75.0
+DEFAULT_MAX_REQUEST_LINE_BYTES = 8190
+DEFAULT_MAX_FIELD_BYTES = 8190
+DEFAULT_MAX_HEADERS = 100
 
 PriorityClass = Literal["interactive", "standard", "batch", "deferrable"]
 PRIORITY_VALUES: Mapping[str, int] = {"interactive": 1, "standard": 0, "batch": -1, "deferrable": -1}
@@ -161,6 +169,23 @@ class DrainConfig(_Strict):
     ``terminationGracePeriodSeconds``, 120 s in deploy/kubernetes) before the gateway exits."""
 
     deadline_s: float = Field(110.0, gt=0)
+
+
+class EdgeConfig(_Strict):
+    """The HTTP edge's own limits and timeouts (both edges; see :mod:`tokenplane.gateway.edges`)."""
+
+    header_timeout_s: float = Field(DEFAULT_HEADER_TIMEOUT_S, gt=0)
+    """From a request's first byte to the end of its head; later: 408 and the connection closed."""
+    body_timeout_s: float = Field(DEFAULT_BODY_TIMEOUT_S, gt=0)
+    """From the end of a request's head to the end of its body; later: 408 and closed."""
+    keepalive_timeout_s: float = Field(DEFAULT_KEEPALIVE_TIMEOUT_S, gt=0)
+    """An idle keep-alive connection is closed after this long."""
+    max_request_line_bytes: int = Field(DEFAULT_MAX_REQUEST_LINE_BYTES, ge=64)
+    """A longer request line is refused with 414."""
+    max_field_bytes: int = Field(DEFAULT_MAX_FIELD_BYTES, ge=64)
+    """A longer header line (name and value) is refused with 431."""
+    max_headers: int = Field(DEFAULT_MAX_HEADERS, ge=1)
+    """More header lines are refused with 431."""
 
 
 class LimitsConfig(_Strict):
@@ -432,6 +457,7 @@ class StateConfig(_Strict):
 
 class GatewayConfig(_Strict):
     listen: ListenConfig = ListenConfig()
+    edge: EdgeConfig = EdgeConfig()
     limits: LimitsConfig = LimitsConfig()
     tenants: tuple[TenantConfig, ...] = ()
     models: tuple[ModelConfig, ...] = Field(min_length=1)

@@ -9,6 +9,12 @@ Hierarchy::
     │   │   └── InvalidHint           400 a workflow hint (header or body field) is malformed
     │   └── ContextLengthExceeded     400 max_tokens or the prompt is over the limit
     ├── BodyTooLarge                  413 the body is over limits.max_body_bytes
+    ├── BadHttp                       400 the edge refused the message's framing or syntax
+    │   ├── RequestTimeout            408 the head or body did not arrive within edge timeouts
+    │   ├── ExpectationFailed         417 an Expect other than 100-continue
+    │   ├── RequestLineTooLong        414 the request line is over edge.max_request_line_bytes
+    │   ├── HeadersTooLarge           431 a header line over edge.max_field_bytes, or too many
+    │   └── UnsupportedCoding         501 a transfer coding other than chunked
     ├── AuthenticationFailed          401 missing or unknown API key
     ├── ModelNotFound                 404 no such model (or not one this tenant may use)
     ├── WorkflowNotFound              404 no such workflow (the admin API)
@@ -48,6 +54,7 @@ already under way). Nothing else in the package builds an error body.
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import ClassVar
 
 import msgspec
@@ -116,6 +123,39 @@ class BodyTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
     default_code = "request_too_large"
+
+
+class BadHttp(GatewayError):
+    """The edge refused the message itself (RFC 9112); the connection is closed after the answer."""
+
+    status = 400
+    type = "invalid_request_error"
+    default_code = "bad_http_request"
+
+
+class RequestTimeout(BadHttp):
+    status = 408
+    default_code = "request_timeout"
+
+
+class ExpectationFailed(BadHttp):
+    status = 417
+    default_code = "expectation_failed"
+
+
+class RequestLineTooLong(BadHttp):
+    status = 414
+    default_code = "request_line_too_long"
+
+
+class HeadersTooLarge(BadHttp):
+    status = 431
+    default_code = "headers_too_large"
+
+
+class UnsupportedCoding(BadHttp):
+    status = 501
+    default_code = "unsupported_transfer_coding"
 
 
 class AuthenticationFailed(GatewayError):
@@ -245,6 +285,24 @@ _encode = msgspec.json.Encoder().encode
 
 def error_body(exc: GatewayError) -> bytes:
     return _encode(_Envelope(_ErrorBody(exc.message, exc.type, exc.code, exc.param)))
+
+
+def error_message(exc: GatewayError, *, close: bool = True) -> bytes:
+    """A whole HTTP/1.1 error answer as bytes, for an edge writing to its transport itself (no
+    request object to answer through: a head that never completed, a body that stopped)."""
+    body = error_body(exc)
+    reason = _REASONS.get(exc.status, "Error")
+    connection = b"Connection: close\r\n" if close else b""
+    return b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s" % (
+        exc.status,
+        reason.encode("ascii"),
+        connection,
+        len(body),
+        body,
+    )
+
+
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
 
 
 def error_response(exc: GatewayError) -> web.Response:

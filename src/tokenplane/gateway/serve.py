@@ -12,9 +12,10 @@ and the kernel spreads new connections across them, so one host's cores are used
 process only supervises: it reserves the port (so ``--port 0`` gives every worker the same one),
 starts the workers (``python -m tokenplane serve ... --worker K``), starts again a worker that
 exits, and on SIGINT or SIGTERM passes SIGTERM on and waits for every worker to finish its
-requests and close (their drain deadline plus ``WORKER_STOP_TIMEOUT_S``, then SIGKILL). What the workers share is what the
-configured backends share: the ledger on PostgreSQL (``ledger.url``) or a SQLite file; in memory,
-each worker has its own. Each worker's ``/metrics`` names it (``tokenplane_worker_info``).
+requests and close (their drain deadline plus ``WORKER_STOP_TIMEOUT_S``, then SIGKILL). What the
+workers share is what the configured backends share: the ledger on PostgreSQL (``ledger.url``) or
+a SQLite file; in memory, each worker has its own. Each worker's ``/metrics`` names it
+(``tokenplane_worker_info``).
 """
 
 from __future__ import annotations

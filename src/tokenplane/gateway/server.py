@@ -4,17 +4,23 @@
 application (start-up, clean-up, every route), and :class:`~tokenplane.gateway.edges.fast_front.FastFront`
 owns the listening socket, handing connections to the runner's protocol as
 :mod:`~tokenplane.gateway.edges.fast_front` describes. ``fast=False`` listens with aiohttp alone.
+Either way aiohttp's connections are :class:`~tokenplane.gateway.edges.guard.EdgeHandler`s, with
+the limits and timeouts of the config's ``edge`` section.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable
 
 from aiohttp import web
 from yarl import URL
 
-from tokenplane.gateway.app import GATEWAY_KEY, PIPELINE_KEY
-from tokenplane.gateway.edges.fast_front import KEEPALIVE_TIMEOUT_S, FastFront
+from tokenplane.gateway.app import EDGE_KEY, GATEWAY_KEY, PIPELINE_KEY
+from tokenplane.gateway.config import EdgeConfig
+from tokenplane.gateway.edges.fast_front import FastFront
+from tokenplane.gateway.edges.guard import EdgeHandler
 from tokenplane.gateway.fallback import served_by_header
 
 
@@ -26,39 +32,43 @@ class GatewayServer:
         port: int = 0,
         *,
         fast: bool = True,
-        keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
+        keepalive_timeout_s: float | None = None,
         reuse_port: bool = False,
     ) -> None:
         self.app = app
         self.reuse_port = reuse_port
         """Listen with ``SO_REUSEPORT`` (``tokenplane serve --workers``: several processes, one port)."""
-        self.keepalive_timeout_s = keepalive_timeout_s
+        edge = app.get(EDGE_KEY) or EdgeConfig()
+        if keepalive_timeout_s is not None:
+            edge = edge.model_copy(update={"keepalive_timeout_s": keepalive_timeout_s})
+        self.edge = edge
         self.host = host
         self.port = port
         self.fast = fast
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         self.front: FastFront | None = None
         self._server: asyncio.Server | None = None
-        self._site: web.TCPSite | None = None
 
     async def start(self) -> None:
         await self.runner.setup()  # the application's on_startup hooks run here
-        if not self.fast:
-            self._site = web.TCPSite(self.runner, self.host, self.port, reuse_port=self.reuse_port or None)
-            await self._site.start()
-            sock = self.runner.addresses[0]
-            self.port = int(sock[1])
-            return
-        gw = self.app[GATEWAY_KEY]
-        pipeline = self.app[PIPELINE_KEY]
         server = self.runner.server
         assert server is not None
-        self.front = FastFront(
-            pipeline.run, server, gw.limits.max_body_bytes, served_by_header, self.keepalive_timeout_s
-        )
         loop = asyncio.get_running_loop()
+        aiohttp_protocol = functools.partial(EdgeHandler, server, self.edge, loop=loop, access_log=None)
+        factory: Callable[[], asyncio.Protocol] = aiohttp_protocol
+        if self.fast:
+            gw = self.app[GATEWAY_KEY]
+            pipeline = self.app[PIPELINE_KEY]
+            self.front = FastFront(
+                pipeline.run,
+                aiohttp_protocol,
+                gw.limits.max_body_bytes,
+                served_by_header,
+                edge=self.edge,
+            )
+            factory = self.front.protocol
         self._server = await loop.create_server(
-            self.front.protocol, self.host, self.port, reuse_address=True, reuse_port=self.reuse_port or None
+            factory, self.host, self.port, reuse_address=True, reuse_port=self.reuse_port or None
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
 

@@ -1,7 +1,11 @@
 """Tenants: who a caller is (by API key), their priority class and their concurrency limit.
 
-Keys are stored hashed; a request's key is hashed once (SHA-256, about 0.5 µs) and looked up in a
-dict. With no tenants configured, authentication is off and every caller is the ``default`` tenant.
+Keys are stored hashed; a request's key is hashed (SHA-256, about 0.5 µs) before anything is
+compared, and its digest looked up in a dict: hash-then-compare, so the time a lookup takes depends
+on digests an attacker cannot steer byte by byte, never on how much of a stored key a guess matches.
+No raw key is kept, not even of the keys that authenticated. A key can be revoked while the gateway
+runs (:meth:`Authenticator.revoke`, the ``POST /v1/keys/revoke`` route). With no tenants configured,
+authentication is off and every caller is the ``default`` tenant.
 
 :meth:`Tenant.acquire` is a hard bound on the tenant's requests in flight (``max_concurrency``,
 refused at once with 429 and ``Retry-After``). Queueing, priorities and fair sharing between tenants
@@ -65,17 +69,11 @@ class Tenant:
         return self.allowed_models is None or model_name in self.allowed_models
 
 
-MAX_RECENT_KEYS = 4096
-
-
 class Authenticator:
     def __init__(self, tenants: Sequence[TenantConfig]) -> None:
         self.enabled = bool(tenants)
         self.tenants: list[Tenant] = []
         self._by_digest: dict[str, Tenant] = {}
-        # Header values that authenticated, so a client's every request does not hash its key
-        # again (only valid keys get in; bounded; memory the process held the keys in anyway).
-        self._recent: dict[str, Tenant] = {}
         for t in tenants:
             tenant = Tenant(
                 t.name,
@@ -100,16 +98,20 @@ class Authenticator:
             raise AuthenticationFailed(
                 "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
             )
-        tenant = self._recent.get(authorization)
-        if tenant is not None:
-            return tenant
         scheme, _, key = authorization.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise AuthenticationFailed("the Authorization header must be 'Bearer <key>'")
         tenant = self._by_digest.get(hashlib.sha256(key.strip().encode("utf-8", "replace")).hexdigest())
         if tenant is None:
             raise AuthenticationFailed("invalid API key")
-        if len(self._recent) >= MAX_RECENT_KEYS:
-            self._recent.clear()
-        self._recent[authorization] = tenant
         return tenant
+
+    def revoke(self, tenant: Tenant, key_hash: str) -> bool:
+        """Stop accepting one of ``tenant``'s keys, given in its stored form (``sha256:<hex>``);
+        ``False`` when it is not a key of that tenant (already revoked, or another tenant's).
+        In memory: the key is back after a restart unless it is also taken out of the config."""
+        digest = key_hash.removeprefix("sha256:")
+        if self._by_digest.get(digest) is not tenant:
+            return False
+        del self._by_digest[digest]
+        return True

@@ -20,7 +20,8 @@ from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from tokenplane.gateway.edges.fast_request import WRITE_HIGH_WATER_BYTES, drain
-from tokenplane.gateway.errors import BodyTooLarge
+from tokenplane.gateway.edges.guard import EdgeHandler
+from tokenplane.gateway.errors import BodyTooLarge, RequestTimeout, UnsupportedCoding
 
 
 class AiohttpClient:
@@ -53,7 +54,10 @@ class AiohttpClient:
     def body_now(self, limit: int) -> bytes | None:
         request = self.request
         length = request.content_length
-        if length is not None and length > limit:
+        if length is None:
+            self._check_coding()
+        elif length > limit:
+            self._close_after_answer()  # rather than read (and drop) what may be a great deal
             raise BodyTooLarge(f"the request body is {length} bytes; the limit is {limit}")
         content = request.content
         if not content.is_eof():
@@ -63,11 +67,36 @@ class AiohttpClient:
             raise BodyTooLarge(f"the request body is over the limit of {limit} bytes")
         return data
 
+    def _check_coding(self) -> None:
+        """A transfer coding other than ``chunked`` alone is refused (501, RFC 9112 6.1): aiohttp's
+        parser de-chunks ``gzip, chunked`` and would pass the gzip bytes on as the body."""
+        coding = self.request.headers.get("Transfer-Encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            self._close_after_answer()
+            raise UnsupportedCoding(f"transfer coding {coding!r}: only 'chunked' is supported")
+
+    def _close_after_answer(self) -> None:
+        proto = self.request.protocol
+        if isinstance(proto, EdgeHandler):
+            proto.close_after_answer()
+
     async def read_body(self, limit: int) -> bytes:
+        """The body, within ``limit`` bytes and, on a guarded connection, the edge's body timeout."""
+        request = self.request
+        if request.content_length is None:
+            self._check_coding()
+        proto = request.protocol
+        guarded = proto if isinstance(proto, EdgeHandler) else None
         try:
-            return await self.request.read()
+            async with asyncio.timeout(None if guarded is None else guarded.edge.body_timeout_s):
+                return await self.request.read()
         except web.HTTPRequestEntityTooLarge:
+            self._close_after_answer()
             raise BodyTooLarge(f"the request body is over the limit of {limit} bytes") from None
+        except TimeoutError:
+            if guarded is not None:
+                guarded.close_after_answer()
+            raise RequestTimeout("the request body did not arrive in time") from None
 
     def note(self, key: Any, value: Any) -> None:
         self.request[key] = value

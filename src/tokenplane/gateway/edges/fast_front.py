@@ -8,8 +8,8 @@ connection starts on :class:`FrontProtocol`. A request in the simple, common sha
 * ``POST /v1/chat/completions`` or ``POST /v1/completions`` (no query string), ``HTTP/1.1``;
 * exactly one ``Content-Length`` of digits, within the body limit; no ``Transfer-Encoding``,
   ``Expect`` or ``Upgrade``;
-* a head of ``CRLF``-terminated lines, under :data:`MAX_HEAD_BYTES`, with token header names and no
-  folded lines;
+* a head of ``CRLF``-terminated lines, under :data:`MAX_HEAD_BYTES` and the edge's line limits,
+  with token header names, no folded lines, one ``Host`` and no more lines than the edge allows;
 
 goes straight to the request pipeline as a :class:`FastRequest`, and its answer is written
 to the transport here. At the first request that is not in that shape (a scrape of ``/metrics``, a
@@ -20,7 +20,9 @@ requests are read here, so the two parsers cannot disagree about where a message
 
 The semantics follow aiohttp's server as ``tokenplane serve`` runs it: keep-alive with an idle
 timeout, pipelined requests answered in order, and a client that disconnects cancels its handler
-(``handler_cancellation``), which closes the upstream request.
+(``handler_cancellation``), which closes the upstream request. A head that does not complete within
+the edge's header timeout, or a body within its body timeout, is answered 408 and the connection
+closed (checked by the same sweep as idle connections, not by a timer per request).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any, cast
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from tokenplane.gateway.config import EdgeConfig
 from tokenplane.gateway.edges.fast_request import (
     ANSWERED,
     WRITE_HIGH_WATER_BYTES,
@@ -44,6 +47,7 @@ from tokenplane.gateway.edges.fast_request import (
     drain,
     serialize,
 )
+from tokenplane.gateway.errors import RequestTimeout, error_message
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,9 @@ MAX_HEAD_BYTES = 16 * 1024
 KEEPALIVE_TIMEOUT_S = 75.0
 """An idle keep-alive connection is closed after this long (aiohttp's default)."""
 SWEEP_INTERVAL_S = 5.0
+SWEEPS_PER_TIMEOUT = 4
+"""The sweep runs at least this often per header or body timeout (a late 408 is at most a quarter
+of the timeout late)."""
 
 Handler = Callable[[Any, Any], Awaitable[web.StreamResponse]]
 
@@ -65,7 +72,7 @@ _LENGTH = re.compile(rb"\r\ncontent-length:([^\r]*)", re.IGNORECASE)
 _ENDPOINTS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completions"}
 
 
-def _parse_head(head: bytes) -> tuple[str, str, list[tuple[str, str]], int] | None:
+def _parse_head(head: bytes, max_headers: int = 100) -> tuple[str, str, list[tuple[str, str]], int] | None:
     """(endpoint, path, headers, content length) of a request in the fast shape, else ``None``.
 
     The shape is checked by regular expressions (in C, one pass each) rather than line by line."""
@@ -82,9 +89,14 @@ def _parse_head(head: bytes) -> tuple[str, str, list[tuple[str, str]], int] | No
     if not digits.isdigit() or len(digits) > 15:  # no sign, no trailing space, no list
         return None
     headers = []
+    hosts = 0  # exactly one Host (RFC 9112 3.2), counted here: a regex over the head costs more
     for line in fields.decode("latin-1").split("\r\n")[1:]:
         name, _, value = line.partition(":")
+        if len(name) == 4 and name.lower() == "host":
+            hosts += 1
         headers.append((name, value.strip(" \t")))
+    if hosts != 1 or len(headers) > max_headers:
+        return None
     path = m.group(1)
     return _ENDPOINTS[path], path.decode("ascii"), headers, int(digits)
 
@@ -98,6 +110,8 @@ class FrontProtocol(asyncio.Protocol):
         self.buf = bytearray()
         self.task: asyncio.Task[None] | None = None
         self.idle_since = 0.0
+        self.waiting_since = 0.0  # when the request now in the buffer began to wait for bytes
+        self.waiting_for_body = False
         self.paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -114,7 +128,7 @@ class FrontProtocol(asyncio.Protocol):
         self.buf += data
         if self.task is None:
             self._next()
-        elif len(self.buf) > self.front.max_body_bytes + MAX_HEAD_BYTES and not self.paused:
+        elif len(self.buf) > self.front.max_body_bytes + self.front.max_head_bytes and not self.paused:
             assert self.transport is not None
             self.transport.pause_reading()  # pipelined beyond one request: wait for this one
             self.paused = True
@@ -124,12 +138,20 @@ class FrontProtocol(asyncio.Protocol):
         buf = self.buf
         if not buf:
             return
-        end = buf.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+        front = self.front
+        max_head = front.max_head_bytes
+        end = buf.find(b"\r\n\r\n", 0, max_head + 4)
         if end < 0:
-            if len(buf) > MAX_HEAD_BYTES or not buf.startswith(b"POST "[: len(buf)]):
+            if (
+                len(buf) > max_head
+                or not buf.startswith(b"POST "[: len(buf)])
+                or buf.count(b"\n") != buf.count(b"\r\n")  # a bare LF: aiohttp refuses it
+            ):
                 self._hand_over()
+            elif not self.waiting_since:
+                self.waiting_since = front.loop.time()
             return
-        parsed = _parse_head(bytes(buf[:end]))
+        parsed = _parse_head(bytes(buf[:end]), front.max_headers)
         if parsed is None:
             self._hand_over()
             return
@@ -139,11 +161,15 @@ class FrontProtocol(asyncio.Protocol):
             return
         start = end + 4
         if len(buf) < start + length:
-            return  # the rest of the body is on its way
+            if not self.waiting_for_body:  # the rest of the body is on its way
+                self.waiting_for_body = True
+                self.waiting_since = front.loop.time()
+            return
+        self.waiting_since = 0.0
+        self.waiting_for_body = False
         body = bytes(buf[start : start + length])
         del buf[: start + length]
         assert self.transport is not None
-        front = self.front
         request = FastRequest(
             "POST", path, CIMultiDictProxy(CIMultiDict(headers)), body, self.transport, front.extra_headers
         )
@@ -176,6 +202,15 @@ class FrontProtocol(asyncio.Protocol):
             t.resume_reading()
         self._next()
 
+    def timed_out(self) -> None:
+        """The request in the buffer waited past its timeout: 408, and the connection closes."""
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        part = "body" if self.waiting_for_body else "head"
+        t.write(error_message(RequestTimeout(f"the request {part} did not arrive in time")))
+        t.close()
+
     def _hand_over(self) -> None:
         """From now on aiohttp's protocol owns the connection, beginning with the unread bytes."""
         t = self.transport
@@ -203,7 +238,15 @@ class FastFront:
         max_body_bytes: int,
         extra_headers: ExtraHeaders = _no_extra,
         keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
+        edge: EdgeConfig | None = None,
     ) -> None:
+        edge = edge if edge is not None else EdgeConfig(keepalive_timeout_s=keepalive_timeout_s)
+        self.header_timeout_s = edge.header_timeout_s
+        self.body_timeout_s = edge.body_timeout_s
+        self.max_headers = edge.max_headers
+        # A longer head goes to aiohttp, whose parser answers it with the edge's limits: every line
+        # of a head within this is within them.
+        self.max_head_bytes = min(MAX_HEAD_BYTES, edge.max_request_line_bytes, edge.max_field_bytes)
         self.handler = handler
         self.aiohttp_protocol = aiohttp_protocol
         self.max_body_bytes = max_body_bytes
@@ -217,13 +260,24 @@ class FastFront:
         return FrontProtocol(self)
 
     async def _sweep(self) -> None:
-        """Close keep-alive connections idle past the timeout (one pass every few seconds, rather
-        than a timer armed and cancelled per request)."""
+        """Close keep-alive connections idle past the timeout, and answer 408 to requests whose
+        head or body is late (one pass every few seconds, rather than a timer armed and cancelled
+        per request)."""
+        shortest = min(self.header_timeout_s, self.body_timeout_s) / SWEEPS_PER_TIMEOUT
         while True:
-            await asyncio.sleep(min(SWEEP_INTERVAL_S, self.keepalive_timeout_s))
-            horizon = self.loop.time() - self.keepalive_timeout_s
+            await asyncio.sleep(min(SWEEP_INTERVAL_S, self.keepalive_timeout_s, shortest))
+            now = self.loop.time()
+            horizon = now - self.keepalive_timeout_s
+            head_horizon = now - self.header_timeout_s
+            body_horizon = now - self.body_timeout_s
             for c in list(self.connections):
-                if c.task is None and c.idle_since < horizon and c.transport is not None:
+                if c.task is not None or c.transport is None:
+                    continue
+                since = c.waiting_since
+                if since:
+                    if since < (body_horizon if c.waiting_for_body else head_horizon):
+                        c.timed_out()
+                elif c.idle_since < horizon:
                     c.transport.close()
 
     async def close(self) -> None:
