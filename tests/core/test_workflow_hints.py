@@ -202,3 +202,11 @@ def test_never_raises_and_results_are_consistent(headers: dict[str, str], metada
         assert r.priority <= 0
     else:
         assert r.message
+
+
+@pytest.mark.parametrize("raw", ["5e-324", "1e-323", "0.0005", "0"])
+def test_a_deadline_under_a_millisecond_is_refused_as_bad_input(raw: str) -> None:
+    """A subnormal deadline added to a clock changes nothing: it must be a 400, not a 503 later."""
+    e = err({"x-tokenplane-workflow-id": "w", "x-tokenplane-deadline-s": raw})
+    assert e.field == "x-tokenplane-deadline-s" and ">= 0.001" in e.message
+    assert ok({"x-tokenplane-workflow-id": "w", "x-tokenplane-deadline-s": "0.001"}).workflow is not None

@@ -59,6 +59,11 @@ HEADER_PREFIX = "x-tokenplane-"
 MAX_WORKFLOW_ID_LENGTH = 256
 MAX_STEPS = 1_000_000
 
+MIN_DEADLINE_S = 0.001
+"""A shorter deadline is refused as invalid input: no request can be served in under a
+millisecond, and a subnormal one (5e-324) added to a clock reading changes nothing, so it would
+pass as a deadline already met and then fail as unreachable (a 503 for what is bad input)."""
+
 _Field = Literal["workflow_id", "step", "total_steps", "deadline_s", "priority"]
 _FIELDS: tuple[_Field, ...] = ("workflow_id", "step", "total_steps", "deadline_s", "priority")
 _VLLM_ALIASES: Mapping[str, _Field] = {
@@ -206,8 +211,8 @@ def _seconds(where: str, raw: Any) -> float:
             raise _fail(where, f"must be a number of seconds, got {raw!r}") from None
     else:
         raise _fail(where, f"must be a number of seconds, got {type(raw).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise _fail(where, f"must be a finite number of seconds > 0 (from now), got {raw!r}")
+    if not math.isfinite(value) or value < MIN_DEADLINE_S:
+        raise _fail(where, f"must be a finite number of seconds >= {MIN_DEADLINE_S} (from now), got {raw!r}")
     return value
 
 

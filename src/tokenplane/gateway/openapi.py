@@ -159,6 +159,15 @@ def _get(
     return {"get": op}
 
 
+def _draining(op: dict[str, Any]) -> dict[str, Any]:
+    """A readiness route answers 503 ``{"status": "draining"}`` once SIGTERM has started the drain."""
+    op["get"]["responses"]["503"] = {
+        "description": "Draining (SIGTERM): send new requests elsewhere.",
+        "content": {"application/json": {"schema": {"type": "object", "required": ["status"]}}},
+    }
+    return op
+
+
 def document() -> dict[str, Any]:
     """The OpenAPI 3.1 document."""
     list_schema = {
@@ -198,7 +207,23 @@ def document() -> dict[str, Any]:
             },
             "/v1/models": _get("The models this tenant may use.", list_schema, auth=True),
             "/v1/instances": _get("The fleet's instances and their state.", list_schema, auth=False),
-            "/health": _get("The gateway's health.", {"type": "object", "required": ["status"]}, auth=False),
+            "/health": _draining(
+                _get(
+                    "The gateway's health (readiness).",
+                    {"type": "object", "required": ["status"]},
+                    auth=False,
+                )
+            ),
+            "/health/ready": _draining(
+                _get(
+                    "Ready for requests: 503 while draining.",
+                    {"type": "object", "required": ["status"]},
+                    auth=False,
+                )
+            ),
+            "/health/live": _get(
+                "Alive (200 while draining too).", {"type": "object", "required": ["status"]}, auth=False
+            ),
             "/metrics": _get("Prometheus metrics.", {"type": "string"}, auth=False, content="text/plain"),
             "/v1/workflows/{workflow_id}": {
                 "get": {
