@@ -6,8 +6,8 @@ raw protocol over the same client), a third of the gateway's whole cost per requ
 connection starts on :class:`FrontProtocol`. A request in the simple, common shape:
 
 * ``POST /v1/chat/completions`` or ``POST /v1/completions`` (no query string), ``HTTP/1.1``;
-* exactly one ``Content-Length`` of digits, within the body limit; no ``Transfer-Encoding``,
-  ``Expect`` or ``Upgrade``;
+* exactly one ``Content-Length`` of digits, within the body limit; exactly one ``Host`` and no
+  other header aiohttp allows once given twice; no ``Transfer-Encoding``, ``Expect`` or ``Upgrade``;
 * a head of ``CRLF``-terminated lines, under :data:`MAX_HEAD_BYTES`, with token header names and no
   folded lines;
 
@@ -62,6 +62,11 @@ _HEAD = re.compile(
 )
 _REFUSED = re.compile(rb"\r\n(?:transfer-encoding|expect|upgrade):", re.IGNORECASE)
 _LENGTH = re.compile(rb"\r\ncontent-length:([^\r]*)", re.IGNORECASE)
+_SINGLETONS = re.compile(
+    rb"\r\n(host|content-type|content-location|content-range|etag|max-forwards|server|user-agent):",
+    re.IGNORECASE,
+)
+"""Headers aiohttp refuses to see twice (its ``SINGLETON_HEADERS``; the length is checked apart)."""
 _ENDPOINTS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completions"}
 
 
@@ -77,6 +82,11 @@ def _parse_head(head: bytes) -> tuple[str, str, list[tuple[str, str]], int] | No
         return None
     lengths = _LENGTH.findall(fields)
     if len(lengths) != 1:
+        return None
+    # Exactly one Host (RFC 9112 3.2) and no repeated singleton: aiohttp answers those 400, and
+    # the two parsers must agree (both found by fuzz/fuzz_request_parser.py).
+    singletons = [n.lower() for n in _SINGLETONS.findall(fields)]
+    if singletons.count(b"host") != 1 or len(set(singletons)) != len(singletons):
         return None
     digits = lengths[0].lstrip(b" \t")
     if not digits.isdigit() or len(digits) > 15:  # no sign, no trailing space, no list
