@@ -66,36 +66,11 @@ from tokenplane.gateway import hash_key
 
 MODEL = "llama-3-8b"
 HEADER = "x-tokenplane-"
-WORDS = tuple(
-    [
-        "tensor",
-        "kernel",
-        "batch",
-        "cache",
-        "token",
-        "prefix",
-        "route",
-        "queue",
-        "shard",
-        "replica",
-        "latency",
-        "budget",
-        "agent",
-        "tool",
-        "search",
-        "plan",
-        "patch",
-        "test",
-        "review",
-        "deploy",
-        "metric",
-        "trace",
-        "window",
-        "scheduler",
-        "decode",
-        "prefill",
-    ]
+_TEXT = (
+    "tensor kernel batch cache token prefix route queue shard replica latency budget agent tool search "
+    "plan patch test review deploy metric trace window scheduler decode prefill"
 )
+WORDS = _TEXT.split()
 ACTIONS = ("kill", "crash", "stall", "slow", "fail", "hang", "unhealthy", "gateway_restart")
 ACTION_WEIGHTS = (0.15, 0.1, 0.15, 0.15, 0.15, 0.1, 0.1, 0.05)
 
@@ -610,9 +585,14 @@ async def check_ledger(
 
 
 async def drive(
-    http: aiohttp.ClientSession, stack: Stack, key: str, tasks: list[Task], t0: float, timeout_s: float
+    http: aiohttp.ClientSession,
+    stack: Stack,
+    key: str,
+    tasks: list[Task],
+    t0: float,
+    timeout_s: float,
+    outcomes: list[Outcome],
 ) -> list[Outcome]:
-    outcomes: list[Outcome] = []
 
     async def run_task(task: Task) -> None:
         await asyncio.sleep(max(0.0, t0 + task.at - time.monotonic()))
@@ -675,10 +655,22 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.monotonic()
             done = False
 
+            seen: list[list[Outcome]] = [[] for _ in stacks]
+
             async def sampler() -> None:
+                last_report = 0.0
                 while not done:
+                    now = time.monotonic() - t0
                     for s in stacks:
-                        s.gateway.sample(time.monotonic() - t0)
+                        s.gateway.sample(now)
+                    if now - last_report >= 60:
+                        last_report = now
+                        lost = [sum(o.kind == "lost" for o in out) for out in seen]
+                        print(
+                            f"soak: {now / 60:.1f} min, requests done {[len(o) for o in seen]}, lost {lost}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     await asyncio.sleep(args.sample_s)
 
             async def run_chaos() -> None:
@@ -694,7 +686,10 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             ]
             chaos_task = asyncio.ensure_future(run_chaos())
             runs = await asyncio.gather(
-                *(drive(http, s, key, tasks, t0, args.client_timeout_s) for s in stacks)
+                *(
+                    drive(http, s, key, tasks, t0, args.client_timeout_s, out)
+                    for s, out in zip(stacks, seen, strict=True)
+                )
             )
             await chaos_task
             wall_s = time.monotonic() - t0
@@ -732,6 +727,10 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 result["calm_rss_growth_pct"] = crss
                 result["calm_fd_growth"] = cfds
+            counts: dict[str, int] = {}
+            for ev in schedule:
+                counts[ev.action] = counts.get(ev.action, 0) + 1
+            result["chaos_counts"] = counts
             result["chaos_schedule"] = [asdict(ev) for ev in schedule]
             result["workdir"] = str(workdir)
         finally:
