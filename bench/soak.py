@@ -188,11 +188,13 @@ class Gateway:
         self.config.write_text(yaml.safe_dump(config, sort_keys=False))
         self.proc: subprocess.Popen[bytes] | None = None
         self.lifetimes: list[list[tuple[float, int, int]]] = []  # per process: (t, rss_kb, fds)
+        self.cpu_s: list[float] = []  # CPU seconds per process lifetime (user + system)
         self.in_flight = 0  # client requests open to it (one connection each: no client pooling)
 
     def start(self) -> None:
         self.proc = spawn(["tokenplane", "serve", str(self.config)], self.log)
         self.lifetimes.append([])
+        self.cpu_s.append(0.0)
 
     def sample(self, t: float) -> None:
         proc = self.proc
@@ -204,6 +206,9 @@ class Gateway:
         except OSError:
             return
         rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            self.cpu_s[-1] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         # Each request in flight holds one client connection here: those are load, not growth.
         self.lifetimes[-1].append((t, rss, fds - self.in_flight))
 
@@ -725,6 +730,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                     if calm_summary["goodput_rps"]
                     else None
                 )
+                # The fleet is the bottleneck by design: the gateway's CPU share says how far it is
+                # from its own limit at this load.
+                result["calm_gateway_cpu_pct"] = round(sum(calm.gateway.cpu_s) / wall_s * 100, 1)
                 result["calm_rss_growth_pct"] = crss
                 result["calm_fd_growth"] = cfds
             counts: dict[str, int] = {}
