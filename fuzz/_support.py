@@ -4,6 +4,7 @@ of seeds each harness builds in code (nothing copied in)."""
 from __future__ import annotations
 
 import asyncio
+from types import FunctionType, ModuleType
 from typing import Any
 
 
@@ -66,3 +67,33 @@ class RecordingProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received += data
+
+
+def instrument(*modules: ModuleType) -> None:
+    """Coverage instrumentation for the code under test only: every Python function and method
+    defined in ``modules`` (instrumenting every import, aiohttp's and the whole gateway's, would
+    cost more than the inputs; a compiled module has no Python code and is left as it is)."""
+    import atheris
+
+    for module in modules:
+        for value in vars(module).values():
+            owners = [value] if isinstance(value, type) else []
+            candidates = [value] + [v for cls in owners for v in vars(cls).values()]
+            for f in candidates:
+                if isinstance(f, FunctionType) and f.__module__ == module.__name__:
+                    atheris.instrument_func(f)
+
+
+def write_seeds(argv: list[str], seeds: list[bytes]) -> None:
+    """Put the harness's seeds into the corpus folder libFuzzer is given (its first argument that
+    is not a flag), once: the corpus starts from inputs built in code."""
+    import hashlib
+    from pathlib import Path
+
+    folders = [a for a in argv[1:] if not a.startswith("-")]
+    if not folders:
+        return
+    folder = Path(folders[0])
+    folder.mkdir(parents=True, exist_ok=True)
+    for s in seeds:
+        (folder / ("seed-" + hashlib.sha1(s).hexdigest())).write_bytes(s)

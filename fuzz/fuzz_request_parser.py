@@ -22,17 +22,18 @@ import sys
 from typing import Any
 
 import atheris
-
-with atheris.instrument_imports(include=["tokenplane.gateway.edges"]):
-    from tokenplane.gateway.edges.fast_front import MAX_HEAD_BYTES, FastFront, _parse_head
-
 from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import HttpRequestParser
 
+from tokenplane.gateway.edges import fast_front, fast_request
+from tokenplane.gateway.edges.fast_front import MAX_HEAD_BYTES, FastFront, _parse_head
+
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _support import RecordingProtocol, RecordingTransport
+from _support import RecordingProtocol, RecordingTransport, instrument, write_seeds
+
+instrument(fast_front, fast_request)
 
 MAX_BODY = 4096
 LOOP = asyncio.new_event_loop()
@@ -183,17 +184,9 @@ def seeds() -> list[bytes]:
     return [bytes([i % 48]) + s for i, s in enumerate(out)]
 
 
-def write_seeds(folder: str) -> None:
-    import hashlib
-    from pathlib import Path
-
-    for s in seeds():
-        (Path(folder) / ("seed-" + hashlib.sha1(s).hexdigest())).write_bytes(s)
-
-
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--write-seeds"]:
-        write_seeds(sys.argv[2])
-    else:
-        atheris.Setup(sys.argv, TestOneInput)
-        atheris.Fuzz()
+    # The harness's own checks too: coverage to steer by even where the gateway is compiled.
+    instrument(sys.modules[__name__])
+    write_seeds(sys.argv, seeds())
+    atheris.Setup(sys.argv, TestOneInput)
+    atheris.Fuzz()

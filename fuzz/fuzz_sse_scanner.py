@@ -22,18 +22,18 @@ import asyncio
 import sys
 
 import atheris
-
-with atheris.instrument_imports(include=["tokenplane.gateway.proxy", "tokenplane.gateway.continuation"]):
-    from tokenplane.gateway.continuation import StreamSplicer
-    from tokenplane.gateway.proxy import MAX_PENDING_EVENT_BYTES, scan_events
-
 import msgspec
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from tokenplane.gateway import continuation, proxy
+from tokenplane.gateway.continuation import StreamSplicer
 from tokenplane.gateway.edges.fast_request import FastRequest
+from tokenplane.gateway.proxy import MAX_PENDING_EVENT_BYTES, scan_events
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _support import RecordingTransport
+from _support import RecordingTransport, instrument, write_seeds
+
+instrument(proxy, continuation)
 
 LOOP = asyncio.new_event_loop()
 asyncio.set_event_loop(LOOP)
@@ -142,17 +142,9 @@ def seeds() -> list[bytes]:
     return [bytes([i * 7 % 64, (i * 37) % 256]) + b for i, b in enumerate(bodies)]
 
 
-def write_seeds(folder: str) -> None:
-    import hashlib
-    from pathlib import Path
-
-    for s in seeds():
-        (Path(folder) / ("seed-" + hashlib.sha1(s).hexdigest())).write_bytes(s)
-
-
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--write-seeds"]:
-        write_seeds(sys.argv[2])
-    else:
-        atheris.Setup(sys.argv, TestOneInput)
-        atheris.Fuzz()
+    # The harness's own checks too: coverage to steer by even where the gateway is compiled.
+    instrument(sys.modules[__name__])
+    write_seeds(sys.argv, seeds())
+    atheris.Setup(sys.argv, TestOneInput)
+    atheris.Fuzz()

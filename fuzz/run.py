@@ -30,9 +30,6 @@ def run(target: str, seconds: int, workdir: Path, max_len: int = 8192) -> dict[s
     crashes = workdir / ".crashes"
     corpus.mkdir(parents=True, exist_ok=True)
     crashes.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, str(harness), "--write-seeds", str(corpus)], check=True, capture_output=True
-    )
     started = time.monotonic()
     proc = subprocess.run(
         [

@@ -19,7 +19,7 @@ RUN = Path(__file__).resolve().parents[1] / "fuzz" / "run.py"
 @pytest.mark.parametrize("target", ["request_parser", "sse_scanner"])
 def test_a_short_fuzz_run_finds_no_crash(target: str, tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(RUN), target, "--seconds", "15", "--workdir", str(tmp_path), "--json"],
+        [sys.executable, str(RUN), target, "--seconds", "10", "--workdir", str(tmp_path), "--json"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -27,5 +27,5 @@ def test_a_short_fuzz_run_finds_no_crash(target: str, tmp_path: Path) -> None:
     assert proc.stdout, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert not out["crashed"], out.get("log_tail")
-    assert out["executions"] > 50 and out["coverage_edges"] > 0, out
+    assert out["executions"] > 20 and out["coverage_edges"] > 0, out
     assert proc.returncode == 0
