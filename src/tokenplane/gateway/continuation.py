@@ -264,7 +264,8 @@ class StreamSplicer:
                 if fwd:
                     chunk = buf[:fwd] if fwd < len(buf) else buf
                     if splice:
-                        chunk, n = self._rewrite(chunk, base_tokens)
+                        chunk, n, bad = self._rewrite(chunk, base_tokens)
+                        malformed = malformed or bad
                     else:
                         self._sent.append(chunk)
                     if chunk:
@@ -300,8 +301,10 @@ class StreamSplicer:
             ex.events_sent = self.delivered_tokens
         return AttemptEnd(None, tokens, first_s)
 
-    def _rewrite(self, chunk: bytes, base_tokens: int) -> tuple[bytes, int]:
-        """Rewrite a continuation's events onto the client's stream; returns (bytes, content chunks)."""
+    def _rewrite(self, chunk: bytes, base_tokens: int) -> tuple[bytes, int, bool]:
+        """Rewrite a continuation's events onto the client's stream; returns (bytes, content chunks,
+        malformed). The scanner passes ``data: {...}`` without parsing it: an event that is not
+        JSON ends the rewrite there, as a malformed event ends a pass-through attempt."""
         out: list[bytes] = []
         n = 0
         for raw in chunk.split(b"\n\n"):
@@ -312,7 +315,10 @@ class StreamSplicer:
                 if raw.strip() == b"data: [DONE]":
                     out.append(_DONE)
                 continue  # comments and blank lines are not worth keeping across a splice
-            obj = _decode(payload)
+            try:
+                obj = _decode(payload)
+            except msgspec.DecodeError:  # found by fuzz/fuzz_sse_scanner.py
+                return b"".join(out), n, True
             if type(obj) is not dict:
                 continue
             choices = obj.get("choices")
@@ -341,7 +347,7 @@ class StreamSplicer:
                     self.delivered_tokens = base_tokens + ct
                 obj["usage"] = self._usage(usage, base_tokens)
             out.append(b"data: " + _encode(obj) + b"\n\n")
-        return b"".join(out), n
+        return b"".join(out), n, False
 
     def _usage(self, usage: dict[str, Any], base_tokens: int) -> dict[str, Any]:
         pt = usage.get("prompt_tokens")

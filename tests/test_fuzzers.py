@@ -1,0 +1,31 @@
+"""The fuzzers' bounded run in CI: each harness under libFuzzer (atheris) for a few seconds from
+its own seed corpus, in a subprocess; a crash (an exception or a broken property) fails the test
+with libFuzzer's report. The long runs are ``python fuzz/run.py --seconds 600 TARGET``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("atheris")
+
+RUN = Path(__file__).resolve().parents[1] / "fuzz" / "run.py"
+
+
+@pytest.mark.parametrize("target", ["request_parser", "sse_scanner"])
+def test_a_short_fuzz_run_finds_no_crash(target: str, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(RUN), target, "--seconds", "10", "--workdir", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.stdout, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert not out["crashed"], out.get("log_tail")
+    assert out["executions"] > 20 and out["coverage_edges"] > 0, out
+    assert proc.returncode == 0
