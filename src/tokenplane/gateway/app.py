@@ -73,7 +73,7 @@ def build_pipeline(gw: Gateway, extra: Extra | None = None) -> Pipeline:
         Parse(gw.limits, gw.catalog),
     ]
     if gw.response_caches is not None:
-        stages.append(Cache(gw.response_caches))
+        stages.append(Cache(gw.response_caches, gw.shared))
     if gw.fallbacks is not None:
         stages.append(Fallback(gw.fallbacks, gw.catalog))
     stages.append(TenantLimits(gw.workflows, Describer(gw.kv_events), gw.ledger_on))

@@ -446,6 +446,8 @@ class StateConfig(_Strict):
     previous one was routed can miss it."""
     retry_connect_s: float = Field(0.5, gt=0)
     """While Redis is down, how often the replica tries it again."""
+    cache_max_entry_bytes: int = Field(1 << 20, ge=1)
+    """The largest response cache entry shared through Redis (larger answers stay local)."""
 
     @field_validator("url")
     @classmethod

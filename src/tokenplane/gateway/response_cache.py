@@ -16,7 +16,12 @@ are never stored, only served.
 
 Bounds: ``max_entries`` and ``max_bytes`` (the stored bodies), least recently used evicted first;
 entries older than ``ttl_s`` are dropped when met. Metrics:
-``tokenplane_response_cache_total{model,result=hit|miss|store|evict}``.
+``tokenplane_response_cache_total{model,result=hit|shared_hit|miss|store|evict}``.
+
+With ``state: {backend: redis}`` this cache is each replica's first level: a request it misses is
+looked up in Redis (``shared_hit`` when found there; ``miss`` only when both miss), and what a
+replica stores goes to Redis too, so a deterministic request answered through one replica is a hit
+through any (:meth:`~tokenplane.shared_state.redis_backend.RedisState.cache_get`).
 """
 
 from __future__ import annotations
@@ -97,27 +102,36 @@ class ResponseCache:
         canonical = {k: v for k, v in body.items() if k not in _IGNORED}
         return (tenant, self.model, endpoint, _encode_sorted(canonical))
 
-    def get(self, key: CacheKey) -> bytes | None:
+    def get(self, key: CacheKey, *, count_miss: bool = True) -> bytes | None:
         entry = self._entries.get(key)
         if entry is not None and self._clock() - entry[0] > self.ttl_s:
             self._drop(key)
             entry = None
         if entry is None:
-            self._metrics.count(self.model, "miss")
+            if count_miss:
+                self._metrics.count(self.model, "miss")
             return None
         self._entries.move_to_end(key)
         self._metrics.count(self.model, "hit")
         return entry[1]
 
-    def put(self, key: CacheKey, body: bytes) -> None:
+    def count(self, result: str) -> None:
+        self._metrics.count(self.model, result)
+
+    def put(self, key: CacheKey, body: bytes, *, ttl_left_s: float | None = None) -> None:
+        """Store an answer; ``ttl_left_s``: one found in the shared cache, kept here only for what
+        is left of its TTL there (counted as ``shared_hit``, not ``store``)."""
         size = len(body)
         if size > self.max_bytes:
             return
         if key in self._entries:
             self._drop(key)
-        self._entries[key] = (self._clock(), body)
+        now = self._clock()
+        stored_at = now if ttl_left_s is None else now - max(0.0, self.ttl_s - ttl_left_s)
+        self._entries[key] = (stored_at, body)
         self.bytes += size
-        self._metrics.count(self.model, "store")
+        if ttl_left_s is None:
+            self._metrics.count(self.model, "store")
         evicted = 0
         while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
             oldest = next(iter(self._entries))

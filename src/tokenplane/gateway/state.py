@@ -95,12 +95,14 @@ class Gateway:
         )
         self.admission: dict[str, PoolAdmission] = {}
         adm_metrics = self.admission_metrics = AdmissionMetrics(self.metrics.registry, lambda: self.admission)
-        self.working_set: WorkingSetStore = InMemoryWorkingSet()
         self.ws_limits = {
             m.name: KvWorkingSetLimit(m.kv_working_set_fraction)
             for m in config.models
             if m.kv_working_set_fraction is not None
         }
+        self.working_set: WorkingSetStore = (
+            InMemoryWorkingSet() if shared is None else shared.working_set(list(self.ws_limits))
+        )
         if self.ws_limits:
             self.metrics.registry.register(
                 WorkingSetCollector(self.working_set, self._working_set_budgets, time.monotonic)

@@ -9,9 +9,9 @@ same workflow (an exponential average). A task leaves when its last step complet
 fails, when its outcome is posted, or after ``idle_ttl_s`` without a step (a client that stopped
 without saying so).
 
-It is in-process state that several gateway replicas would have to share; :class:`WorkingSetStore`
-is the small interface a shared implementation (Redis hashes with TTLs) would provide. The clock is
-passed in.
+:class:`InMemoryWorkingSet` is one process's state; with ``state: {backend: redis}`` the replicas
+share it through :class:`~tokenplane.shared_state.working_set.SharedWorkingSet` (the same
+:class:`WorkingSetStore` interface). The clock is passed in.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class InMemoryWorkingSet:
             return
         pool = self._pool(model)
         ctx = context_tokens(request)
-        key = _key(request.tenant, wf.workflow_id)
+        key = task_key(request.tenant, wf.workflow_id)
         prev = pool.tasks.get(key)
         if prev is not None and wf.step > prev.step and ctx > prev.context:
             sample = (ctx - prev.context) / (wf.step - prev.step)
@@ -111,15 +111,26 @@ class InMemoryWorkingSet:
 
     def drop(self, model: str, tenant: str, workflow_id: str) -> None:
         pool = self._pools.get(model)
-        if pool is not None and (task := pool.tasks.pop(_key(tenant, workflow_id), None)) is not None:
+        if pool is not None and (task := pool.tasks.pop(task_key(tenant, workflow_id), None)) is not None:
             pool.total -= task.peak
 
     def active(self, model: str) -> int:
         pool = self._pools.get(model)
         return 0 if pool is None else len(pool.tasks)
 
+    def task(self, model: str, tenant: str, workflow_id: str) -> tuple[int, int] | None:
+        """The task's (latest step, projected peak), or ``None`` when it is not in progress here."""
+        pool = self._pools.get(model)
+        task = None if pool is None else pool.tasks.get(task_key(tenant, workflow_id))
+        return None if task is None else (task.step, task.peak)
 
-def _key(tenant: str, workflow_id: str) -> str:
+    def tasks(self, model: str) -> dict[str, tuple[int, int]]:
+        """Every task in progress here (by :func:`task_key`): (latest step, projected peak)."""
+        pool = self._pools.get(model)
+        return {} if pool is None else {k: (t.step, t.peak) for k, t in pool.tasks.items()}
+
+
+def task_key(tenant: str, workflow_id: str) -> str:
     return tenant + "\x00" + workflow_id  # workflow ids are the tenant's own namespace
 
 

@@ -13,6 +13,13 @@ What is shared, and how fresh each replica's view is:
   slots within ``lease_ttl_s`` (10 s by default), never leaking them.
 * The retry budget's and the admission queue's windowed counters
   (:mod:`~tokenplane.shared_state.counters`): read from memory, synced every ``sync_interval_s``.
+* The KV working set (:mod:`~tokenplane.shared_state.working_set`): read from memory, synced every
+  ``sync_interval_s`` (one script call per model with a working-set limit).
+* The response cache: entries stored in Redis (``SET`` with the model's ``ttl_s``, bodies up to
+  ``cache_max_entry_bytes``) behind each replica's own cache; a local miss asks Redis (one
+  pipelined ``GET``/``PTTL``, only for cacheable requests of a model that caches) and keeps what it
+  finds locally for the rest of its TTL. Entries are exact answers that never change, so the only
+  staleness is none: a local entry expires when the Redis entry does.
 * Breaker transitions: a replica that opens an instance's breaker publishes it; every other
   replica opens its own at once (pub/sub, milliseconds; well within one second) for the same
   cooldown. A half-open probe's verdict is shared the same way (a success closes the breaker
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 import uuid
@@ -64,7 +72,8 @@ from tokenplane.shared_state.quotas import (
     TenantQuota,
 )
 from tokenplane.shared_state.resp import RespConnection
-from tokenplane.shared_state.scripts import ACQUIRE, RELEASE, RENEW, SYNC
+from tokenplane.shared_state.scripts import ACQUIRE, RELEASE, RENEW, SYNC, WORKING_SET
+from tokenplane.shared_state.working_set import SharedWorkingSet
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +133,9 @@ class RedisState:
         self.lean = RespConnection(config.url, config.timeout_s, scripts=(ACQUIRE, RELEASE))
         self._renew = self.client.register_script(RENEW)
         self._sync = self.client.register_script(SYNC)
+        self._ws_sync = self.client.register_script(WORKING_SET)
         self._counters: list[SyncedCounterStore] = []
+        self._working_sets: list[SharedWorkingSet] = []
         self._leases: dict[str, str] = {}  # member -> lease set, for requests holding a slot
         self._encoded: dict[tuple[TenantQuota, str], tuple[bytes, bytes]] = {}
         self._routed: list[tuple[str, str, list[int]]] = []
@@ -167,6 +178,8 @@ class RedisState:
         self.lean.close()
         for store in self._counters:
             store.isolate()
+        for ws in self._working_sets:
+            ws.isolate()
         self.metrics.up.set(0)
         log.warning(
             "shared state: Redis at %s unavailable (%s: %s); running on local state until it answers",
@@ -289,6 +302,69 @@ class RedisState:
                     self._fail("sync", exc)
                     break
                 store.merge(keys, [float(x) for x in others])
+            if self.up:
+                await self._sync_working_sets()
+
+    # -- the KV working set ---------------------------------------------------------------------
+    def working_set(self, models: Sequence[str]) -> SharedWorkingSet:
+        """The working set of ``models`` shared with the other replicas, synced every
+        ``sync_interval_s``."""
+        ws = SharedWorkingSet(models)
+        self._working_sets.append(ws)
+        return ws
+
+    async def _sync_working_sets(self) -> None:
+        for ws in self._working_sets:
+            for model in ws.models:
+                args = ws.take_pending(model)
+                base = f"{self.prefix}ws:{model}"
+                try:
+                    flat = await self._ws_sync(keys=[base, base + ":seen"], args=[ws.idle_ttl_s, *args])
+                except _FAILURES as exc:
+                    self._fail("working_set", exc)
+                    return
+                ws.merge(model, flat)
+            ws.synced()
+
+    # -- the response cache ---------------------------------------------------------------------
+    def cache_key(self, parts: tuple[str, str, str, bytes]) -> str:
+        """The Redis key of a response cache entry (tenant, model, endpoint, canonical body)."""
+        digest = hashlib.sha256(msgspec.msgpack.encode(parts)).hexdigest()
+        return f"{self.prefix}rc:{digest}"
+
+    def fell_back(self, operation: str) -> None:
+        """Count an operation done on local state only, Redis being unavailable."""
+        self.metrics.fail_open.labels(operation).inc()
+
+    async def cache_get(self, key: str) -> tuple[bytes, float] | None:
+        """The stored body and its seconds left, or ``None`` (absent, or Redis unavailable)."""
+        if not self.up:
+            self.fell_back("cache_get")
+            return None
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.get(key)
+                pipe.pttl(key)
+                body, pttl = await pipe.execute()
+        except _FAILURES as exc:
+            self._fail("cache_get", exc)
+            return None
+        if body is None or pttl is None or pttl <= 0:
+            return None
+        return bytes(body), pttl / 1000
+
+    def cache_put(self, key: str, body: bytes, ttl_s: float) -> None:
+        """Store an answer for ``ttl_s`` (off the request path; skipped above
+        ``cache_max_entry_bytes`` or while Redis is unavailable)."""
+        if not self.up or len(body) > self.config.cache_max_entry_bytes:
+            return
+        self._spawn(self._cache_put(key, body, max(1, int(ttl_s * 1000))))
+
+    async def _cache_put(self, key: str, body: bytes, ttl_ms: int) -> None:
+        try:
+            await self.client.set(key, body, px=ttl_ms)
+        except _FAILURES as exc:
+            self._fail("cache_put", exc)
 
     # -- breakers and routing, shared by pub/sub --------------------------------------------------
     def publish_breaker(self, instance_id: str, state: str, cooldown_s: float) -> None:

@@ -131,3 +131,31 @@ return out
 """SYNC      KEYS: counter bases; ARGV: replica id, window s, then this replica's delta per key
           since its last sync -> per key, the other replicas' sum over the last ``window`` whole
           seconds (one hash per key and second, a field per replica)."""
+
+WORKING_SET = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local ttl = tonumber(ARGV[1])
+for i = 2, #ARGV, 3 do
+  local task = ARGV[i]
+  local step = tonumber(ARGV[i + 1])
+  local cur = redis.call('HGET', KEYS[1], task)
+  if not cur or step >= tonumber(string.match(cur, '^(%-?%d+)')) then
+    redis.call('HSET', KEYS[1], task, step .. ' ' .. ARGV[i + 2])
+    redis.call('ZADD', KEYS[2], now + ttl, task)
+  end
+end
+local idle = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+for _, task in ipairs(idle) do redis.call('HDEL', KEYS[1], task) end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local keep = math.ceil(ttl * 1000) + 1000
+redis.call('PEXPIRE', KEYS[1], keep)
+redis.call('PEXPIRE', KEYS[2], keep)
+return redis.call('HGETALL', KEYS[1])
+"""
+"""WORKING_SET  KEYS: a model's tasks (hash of "step peak"), their expiries (sorted set)
+             ARGV: idle ttl s, then (task, step, projected peak) triples this replica saw since
+             its last sync (a negative peak: the task left at that step, kept as a tombstone) ->
+             every task and tombstone (flat list), after dropping what no replica has seen for
+             ``idle ttl`` (Redis's clock). A write older than the task's step is ignored: a
+             step reported late by one replica does not bring back a task another saw end."""
