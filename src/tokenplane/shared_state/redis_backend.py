@@ -78,6 +78,9 @@ from tokenplane.shared_state.working_set import SharedWorkingSet
 log = logging.getLogger(__name__)
 
 MAX_ENCODED = 4096
+STOP_TIMEOUT_S = 2.0
+"""How long stopping waits for the background tasks and the client's close (a pub/sub connection
+closed while its task is cancelled can otherwise hold a replica's shutdown indefinitely)."""
 _FAILURES = (RedisError, OSError, TimeoutError, BackendUnavailable)
 
 BreakerHandler = Callable[[str, str, float], None]
@@ -162,12 +165,19 @@ class RedisState:
             tasks.append(self._reconnecting)
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:  # bounded: a pub/sub connection closing under cancellation must not hold the stop
+            done, pending = await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved: a failure at shutdown is not worth a warning
+            if pending:
+                log.warning(
+                    "shared state: %d background tasks did not stop in %.0f s", len(pending), STOP_TIMEOUT_S
+                )
         self._tasks = []
         self.lean.close()
-        await self.client.aclose()
+        with contextlib.suppress(*_FAILURES):  # TimeoutError is among them
+            await asyncio.wait_for(self.client.aclose(), STOP_TIMEOUT_S)
 
     # -- health ---------------------------------------------------------------------------------
     def _fail(self, operation: str, exc: BaseException) -> None:

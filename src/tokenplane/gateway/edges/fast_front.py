@@ -55,6 +55,8 @@ MAX_HEAD_BYTES = 16 * 1024
 """A longer head goes to aiohttp (whose own limits answer it)."""
 KEEPALIVE_TIMEOUT_S = 75.0
 """An idle keep-alive connection is closed after this long (aiohttp's default)."""
+CLOSE_TIMEOUT_S = 5.0
+"""How long closing waits for the requests it cancelled before it lets them go."""
 SWEEP_INTERVAL_S = 5.0
 SWEEPS_PER_TIMEOUT = 4
 """The sweep runs at least this often per header or body timeout (a late 408 is at most a quarter
@@ -298,8 +300,12 @@ class FastFront:
                 c.transport.close()
         for task in tasks:
             task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        if tasks:  # bounded: a request that holds out against its cancellation must not hold the close
+            _, pending = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
+            if pending:
+                log.warning(
+                    "fast front: %d requests still running %.0f s after close", len(pending), CLOSE_TIMEOUT_S
+                )
 
 
 __all__ = [
