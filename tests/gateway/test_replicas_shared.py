@@ -10,10 +10,8 @@ Checked as a user would: ``x-tokenplane-cache`` and what the instances received,
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import shutil
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,29 +22,12 @@ from tokenplane.gateway import hash_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
-from redis_server import SHARED_URL, PrivateRedis, fresh_prefix
+from redis_server import SHARED_URL, PrivateRedis
 
 pytestmark = pytest.mark.anyio
 
 KEY = "sk-test-acme"
 PROMPT = "x" * 2400  # 600 tokens by the gateway's estimate: with max_tokens 50, one task is ~650
-
-
-@pytest.fixture
-def key_prefix() -> Iterator[str]:
-    with fresh_prefix() as prefix:
-        yield prefix
-
-
-@pytest.fixture
-def private_redis() -> Iterator[PrivateRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    server = PrivateRedis()
-    server.start()
-    yield server
-    with contextlib.suppress(Exception):
-        server.kill()
 
 
 @pytest.fixture
