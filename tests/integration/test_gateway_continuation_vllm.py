@@ -4,12 +4,14 @@ It must run last in this folder (``test_zz_``): the fixture restarts a killed se
 test, which costs about 40 s.
 
 The kill must land while vLLM is still generating. The gateway and the client share one event loop
-here, and on a fast machine vLLM can finish all its tokens into the loopback socket buffers while
-the client is still parsing its first chunks: killing it then interrupts nothing (the rest of the
-stream is already in the gateway's kernel buffer), the stream ends in one attempt, and the test would
-prove nothing. So the test reads vLLM's own ``vllm:num_requests_running`` just before the kill and
-counts only a kill that found the request running; a stream that outran it is started again (a few
-times at most; the test fails if no kill ever lands mid-decode).
+here, and on a fast machine vLLM can send all its tokens into the loopback socket buffers while the
+client is still parsing its first chunks: killing it then interrupts nothing (the whole answer is
+already in the gateway's buffers), the stream ends in one attempt, and the test would prove nothing.
+vLLM's ``vllm:num_requests_running`` gauge cannot tell: an idle engine keeps showing its last
+step's count (CI's run killed an instance whose gauge read 1 after it had finished). So the test
+reads ``vllm:generation_tokens_total`` twice, a moment apart, and kills only an instance whose
+counter is still rising; a stream that outran the check is started again (a few times at most; the
+test fails if no kill ever lands mid-decode).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ openai = pytest.importorskip("openai", reason="the openai client is needed (dev 
 
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio]
 
-KILL_AFTER_CHUNKS = 2
+KILL_AFTER_CHUNKS = 1
+PROGRESS_WINDOW_S = 0.1  # between the two reads of vLLM's generated-token counter
 MAX_TOKENS = 1900  # long enough (several seconds on the tiny model) that the kill lands mid-decode
 TRIES = 4
 
@@ -60,8 +63,11 @@ async def _stream_killing_mid_decode(gw: Any, vllm_instances: list[Any]) -> dict
             busy = [i for i, iid in enumerate(gw.ids) if inst[iid]["outstanding_requests"] > 0]
             assert len(busy) == 1, inst
             server = vllm_instances[busy[0]]
-            running = await asyncio.to_thread(scrape_metrics, server.metrics_url)
-            if running.get("vllm:num_requests_running", 0.0) < 1:
+            before = await asyncio.to_thread(scrape_metrics, server.metrics_url)
+            await asyncio.sleep(PROGRESS_WINDOW_S)
+            after = await asyncio.to_thread(scrape_metrics, server.metrics_url)
+            generated = "vllm:generation_tokens_total"
+            if after.get(generated, 0.0) <= before.get(generated, 0.0):
                 outran = True  # vLLM is done; the rest is in socket buffers: read it out
                 continue
             killed = busy[0]
