@@ -144,8 +144,8 @@ def scan_events(buf: bytes, end: int) -> tuple[int, bool, int, tuple[int, int] |
     last: tuple[int, int] | None = None
     while pos < end:
         nxt = buf.find(b"\n\n", pos, end)
-        if nxt < 0:  # pragma: no cover - end always follows a separator
-            nxt = end - 2
+        if nxt < 0:  # what is left after an odd newline ("\n\n\n": the last pair overlapped)
+            nxt = end  # (never ``end - 2`` < pos: compiled, a negative slice raises SystemError)
         if buf.startswith(b"data: {", pos) and buf[nxt - 1] == 0x7D:  # the usual token event
             n += 1
             last = (pos + 6, nxt)
