@@ -40,7 +40,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
-from tokenplane.core.economics import EconomicsSummary, TaskOutcome, summarize_sums
+from tokenplane.core.economics import TaskOutcome
 from tokenplane.ledger.errors import LedgerUnavailable
 from tokenplane.ledger.migrate import apply_migrations
 from tokenplane.ledger.records import AttemptRecord, WorkflowSummary
@@ -48,12 +48,12 @@ from tokenplane.ledger.schema import adapt
 from tokenplane.ledger.sqlite import (
     _ATTEMPT_COLUMNS,
     _TOTALS_ADD,
-    _TOTALS_SELECT,
     _WF_COLUMNS,
     _WF_SELECT,
     _WF_UPSERT,
+    SqlLedger,
 )
-from tokenplane.ledger.store import DEFAULT_ABANDON_AFTER_S, BaseLedger, GroupBy, LedgerWrite, TotalsKey
+from tokenplane.ledger.store import DEFAULT_ABANDON_AFTER_S, LedgerWrite, TotalsKey
 from tokenplane.ledger.store import add_to_totals as _add_to_totals
 
 __all__ = ["PostgresLedger", "redact_url"]
@@ -92,7 +92,7 @@ def _f(sql: str) -> str:
     return adapt(sql, "format")
 
 
-class PostgresLedger(BaseLedger):
+class PostgresLedger(SqlLedger):
     """:class:`LedgerStore` in a PostgreSQL database (its tables in the URL's ``search_path``)."""
 
     blocking = True
@@ -220,12 +220,6 @@ class PostgresLedger(BaseLedger):
         return self._abandon(stale_keys=[(str(t), str(wid)) for t, wid in rows], now=now)
 
     # -- reads -------------------------------------------------------------------------------------
-    @staticmethod
-    def _row(row: Sequence[Any]) -> WorkflowSummary:
-        d = dict(zip(_WF_COLUMNS, row, strict=True))
-        d["outcome"] = TaskOutcome(d["outcome"])
-        return WorkflowSummary(**d)
-
     def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         try:
             with self._pool.connection() as conn, conn.cursor() as cur:
@@ -233,49 +227,6 @@ class PostgresLedger(BaseLedger):
                 return cur.fetchall()
         except psycopg.Error as exc:
             raise LedgerUnavailable(f"ledger {self.url}: {exc}") from exc
-
-    def get_workflow(self, workflow_id: str, tenant: str) -> WorkflowSummary | None:
-        rows = self._read(_WF_SELECT + " WHERE tenant = ? AND workflow_id = ?", (tenant, workflow_id))
-        return self._row(rows[0]) if rows else None
-
-    def list_attempts(self, workflow_id: str, tenant: str) -> list[AttemptRecord]:
-        rows = self._read(
-            f"SELECT {', '.join(_ATTEMPT_COLUMNS)} FROM ledger_attempts "
-            "WHERE tenant = ? AND workflow_id = ? ORDER BY t",
-            (tenant, workflow_id),
-        )
-        out = []
-        for row in rows:
-            d = dict(zip(_ATTEMPT_COLUMNS, row, strict=True))
-            d["ok"] = bool(d["ok"])
-            d["terminal"] = bool(d["terminal"])
-            out.append(AttemptRecord(**d))
-        return out
-
-    def request_cost(self, request_id: str, tenant: str) -> float | None:
-        rows = self._read(
-            "SELECT COUNT(*), SUM(cost_usd) FROM ledger_attempts WHERE tenant = ? AND request_id = ?",
-            (tenant, request_id),
-        )
-        count, total = rows[0]
-        return float(total) if count else None
-
-    def _economics(self, kind: str, group: str | None = None) -> dict[str, EconomicsSummary]:
-        sql, params = _TOTALS_SELECT, [kind]
-        if group is not None:
-            sql, params = sql + " AND grp = ?", [kind, group]
-        groups: dict[str, dict[TaskOutcome, list[float]]] = {}
-        for grp, outcome, *sums in self._read(sql, params):
-            groups.setdefault(str(grp), {})[TaskOutcome(outcome)] = [float(v or 0) for v in sums]
-        return {g: summarize_sums(t) for g, t in sorted(groups.items())}
-
-    def tenant_totals(self, tenant: str) -> EconomicsSummary:
-        return self._economics("tenant", tenant).get(tenant, summarize_sums({}))
-
-    def economics(self, *, by: GroupBy | None = None) -> dict[str, EconomicsSummary]:
-        if by is None:
-            return {"": self._economics("", "").get("", summarize_sums({}))}
-        return self._economics(by)
 
     def close(self) -> None:
         self._pool.close()

@@ -111,7 +111,64 @@ def _q(sql: str) -> str:
     return adapt(sql, "qmark")
 
 
-class SqliteLedger(BaseLedger):
+class SqlLedger(BaseLedger):
+    """The reads both SQL stores share: the same SQL (``?`` placeholders), each store's ``_read``
+    adapting it to its driver (:class:`SqliteLedger`, ``ledger.postgres.PostgresLedger``)."""
+
+    def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _row(row: Sequence[Any]) -> WorkflowSummary:
+        d = dict(zip(_WF_COLUMNS, row, strict=True))
+        d["outcome"] = TaskOutcome(d["outcome"])
+        return WorkflowSummary(**d)
+
+    def get_workflow(self, workflow_id: str, tenant: str) -> WorkflowSummary | None:
+        rows = self._read(_WF_SELECT + " WHERE tenant = ? AND workflow_id = ?", (tenant, workflow_id))
+        return self._row(rows[0]) if rows else None
+
+    def list_attempts(self, workflow_id: str, tenant: str) -> list[AttemptRecord]:
+        rows = self._read(
+            f"SELECT {', '.join(_ATTEMPT_COLUMNS)} FROM ledger_attempts "
+            "WHERE tenant = ? AND workflow_id = ? ORDER BY t",
+            (tenant, workflow_id),
+        )
+        out = []
+        for row in rows:
+            d = dict(zip(_ATTEMPT_COLUMNS, row, strict=True))
+            d["ok"] = bool(d["ok"])
+            d["terminal"] = bool(d["terminal"])
+            out.append(AttemptRecord(**d))
+        return out
+
+    def request_cost(self, request_id: str, tenant: str) -> float | None:
+        rows = self._read(
+            "SELECT COUNT(*), SUM(cost_usd) FROM ledger_attempts WHERE tenant = ? AND request_id = ?",
+            (tenant, request_id),
+        )
+        count, total = rows[0]
+        return float(total) if count else None
+
+    def _economics(self, kind: str, group: str | None = None) -> dict[str, EconomicsSummary]:
+        sql, params = _TOTALS_SELECT, [kind]
+        if group is not None:
+            sql, params = sql + " AND grp = ?", [kind, group]
+        groups: dict[str, dict[TaskOutcome, list[float]]] = {}
+        for grp, outcome, *sums in self._read(sql, params):
+            groups.setdefault(str(grp), {})[TaskOutcome(outcome)] = [float(v or 0) for v in sums]
+        return {g: summarize_sums(t) for g, t in sorted(groups.items())}
+
+    def tenant_totals(self, tenant: str) -> EconomicsSummary:
+        return self._economics("tenant", tenant).get(tenant, summarize_sums({}))
+
+    def economics(self, *, by: GroupBy | None = None) -> dict[str, EconomicsSummary]:
+        if by is None:
+            return {"": self._economics("", "").get("", summarize_sums({}))}
+        return self._economics(by)
+
+
+class SqliteLedger(SqlLedger):
     """:class:`LedgerStore` in a SQLite file (``":memory:"`` for a private in-memory database)."""
 
     def __init__(
@@ -170,12 +227,6 @@ class SqliteLedger(BaseLedger):
 
     def _transaction(self) -> SqliteLedger._Tx:
         return SqliteLedger._Tx(self._db)
-
-    @staticmethod
-    def _row(row: Sequence[Any]) -> WorkflowSummary:
-        d = dict(zip(_WF_COLUMNS, row, strict=True))
-        d["outcome"] = TaskOutcome(d["outcome"])
-        return WorkflowSummary(**d)
 
     def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         with self._lock:
@@ -262,49 +313,6 @@ class SqliteLedger(BaseLedger):
         return self._abandon(stale_keys=[(tenant, wid) for tenant, wid in rows], now=now)
 
     # -- reads -------------------------------------------------------------------------------------
-    def get_workflow(self, workflow_id: str, tenant: str) -> WorkflowSummary | None:
-        rows = self._read(_WF_SELECT + " WHERE tenant = ? AND workflow_id = ?", (tenant, workflow_id))
-        return self._row(rows[0]) if rows else None
-
-    def list_attempts(self, workflow_id: str, tenant: str) -> list[AttemptRecord]:
-        rows = self._read(
-            f"SELECT {', '.join(_ATTEMPT_COLUMNS)} FROM ledger_attempts "
-            "WHERE tenant = ? AND workflow_id = ? ORDER BY t",
-            (tenant, workflow_id),
-        )
-        out = []
-        for row in rows:
-            d = dict(zip(_ATTEMPT_COLUMNS, row, strict=True))
-            d["ok"] = bool(d["ok"])
-            d["terminal"] = bool(d["terminal"])
-            out.append(AttemptRecord(**d))
-        return out
-
-    def request_cost(self, request_id: str, tenant: str) -> float | None:
-        rows = self._read(
-            "SELECT COUNT(*), SUM(cost_usd) FROM ledger_attempts WHERE tenant = ? AND request_id = ?",
-            (tenant, request_id),
-        )
-        count, total = rows[0]
-        return float(total) if count else None
-
-    def _economics(self, kind: str, group: str | None = None) -> dict[str, EconomicsSummary]:
-        sql, params = _TOTALS_SELECT, [kind]
-        if group is not None:
-            sql, params = sql + " AND grp = ?", [kind, group]
-        groups: dict[str, dict[TaskOutcome, list[float]]] = {}
-        for grp, outcome, *sums in self._read(sql, params):
-            groups.setdefault(str(grp), {})[TaskOutcome(outcome)] = [float(v or 0) for v in sums]
-        return {g: summarize_sums(t) for g, t in sorted(groups.items())}
-
-    def tenant_totals(self, tenant: str) -> EconomicsSummary:
-        return self._economics("tenant", tenant).get(tenant, summarize_sums({}))
-
-    def economics(self, *, by: GroupBy | None = None) -> dict[str, EconomicsSummary]:
-        if by is None:
-            return {"": self._economics("", "").get("", summarize_sums({}))}
-        return self._economics(by)
-
     def close(self) -> None:
         with self._lock:
             self._db.close()
