@@ -79,14 +79,18 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Mapping
-from enum import IntEnum, StrEnum
 from typing import Any
 
-import msgspec
-
+from tokenplane.core.admission_decision import (
+    Admission,
+    AdmissionDecision,
+    AdmissionReason,
+    QueuedRequest,
+    terminal_for,
+)
 from tokenplane.core.errors import InvalidPolicyConfig
-from tokenplane.core.outcomes import TerminalOutcome
 from tokenplane.core.params import ParamReader
+from tokenplane.core.priority import PriorityClass
 from tokenplane.core.state_store import (
     CounterStore,
     GaugeStore,
@@ -95,33 +99,23 @@ from tokenplane.core.state_store import (
 )
 from tokenplane.core.views import RequestInfo
 
-
-class PriorityClass(IntEnum):
-    """Higher is more urgent; values match ``RequestInfo.priority`` as the gateway sets it."""
-
-    BATCH = -1
-    STANDARD = 0
-    INTERACTIVE = 1
-
-    @classmethod
-    def from_name(cls, name: str) -> PriorityClass:
-        try:
-            return cls[name.strip().upper()]
-        except KeyError:
-            known = ", ".join(c.name.lower() for c in cls)
-            raise InvalidPolicyConfig(f"unknown priority class {name!r}; known: {known}") from None
-
-    @classmethod
-    def from_value(cls, value: int) -> PriorityClass:
-        """Clamp any integer priority onto the three classes."""
-        return _PRIORITY_BY_VALUE[max(-1, min(1, value))]
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-
-_PRIORITY_BY_VALUE: dict[int, PriorityClass] = {c.value: c for c in PriorityClass}  # cls(v) is slower
+__all__ = [
+    "DEFAULT_BUDGET_S",
+    "DEFAULT_MAX_DEPTH",
+    "DEFAULT_MAX_PER_TENANT",
+    "DEFAULT_RETRY_AFTER_DEFAULT_S",
+    "DEFAULT_RETRY_AFTER_MAX_S",
+    "DEFAULT_RETRY_AFTER_MIN_S",
+    "DEFAULT_WINDOW_S",
+    "Admission",
+    "AdmissionDecision",
+    "AdmissionQueue",
+    "AdmissionReason",
+    "PriorityClass",
+    "QueuedRequest",
+    "request_cost_tokens",
+    "terminal_for",
+]
 
 DEFAULT_MAX_DEPTH = 1024
 DEFAULT_MAX_PER_TENANT = 256
@@ -135,73 +129,9 @@ DEFAULT_RETRY_AFTER_MAX_S = 60.0
 DEFAULT_RETRY_AFTER_DEFAULT_S = 5.0
 DEFAULT_WINDOW_S = 60.0
 
-
-class AdmissionDecision(StrEnum):
-    ADMIT_NOW = "admit_now"
-    QUEUED = "queued"
-    REJECTED = "rejected"
-
-
-class AdmissionReason(StrEnum):
-    ADMITTED = "admitted"
-    QUEUED_NO_CAPACITY = "queued_no_capacity"
-    QUEUED_BEHIND = "queued_behind"
-    QUEUED_TENANT_LIMIT = "queued_tenant_limit"
-    QUEUED_RESERVED = "queued_reserved"
-    QUEUE_FULL = "queue_full"
-    TENANT_QUEUE_FULL = "tenant_queue_full"
-    DEADLINE_UNREACHABLE = "deadline_unreachable"
-    SHED_LOW_PRIORITY = "shed_low_priority"
-    EXPIRED = "expired"
-    CANCELLED = "cancelled"
-
-
 _AT_OR_ABOVE: Mapping[PriorityClass, tuple[PriorityClass, ...]] = {
     c: tuple(x for x in PriorityClass if x >= c) for c in PriorityClass
 }
-
-_TERMINAL: Mapping[AdmissionReason, TerminalOutcome] = {
-    AdmissionReason.QUEUE_FULL: TerminalOutcome.REJECTED,
-    AdmissionReason.TENANT_QUEUE_FULL: TerminalOutcome.REJECTED,
-    AdmissionReason.DEADLINE_UNREACHABLE: TerminalOutcome.REJECTED,
-    AdmissionReason.SHED_LOW_PRIORITY: TerminalOutcome.SHED,
-    AdmissionReason.EXPIRED: TerminalOutcome.EXPIRED,
-    AdmissionReason.CANCELLED: TerminalOutcome.CANCELLED,
-}
-
-
-def terminal_for(reason: AdmissionReason) -> TerminalOutcome | None:
-    """The terminal outcome a refusal or removal means; ``None`` for admit/queue reasons."""
-    return _TERMINAL.get(reason)
-
-
-class QueuedRequest(msgspec.Struct, frozen=True):
-    request: RequestInfo
-    priority: PriorityClass
-    deadline_s: float
-    enqueued_s: float
-    cost_tokens: int
-
-
-class Admission(msgspec.Struct, frozen=True):
-    decision: AdmissionDecision
-    reason: AdmissionReason
-    priority: PriorityClass
-    deadline_s: float
-    retry_after_s: float | None = None
-    evicted: QueuedRequest | None = None
-
-    @property
-    def admitted(self) -> bool:
-        return self.decision is AdmissionDecision.ADMIT_NOW
-
-    @property
-    def queued(self) -> bool:
-        return self.decision is AdmissionDecision.QUEUED
-
-    @property
-    def rejected(self) -> bool:
-        return self.decision is AdmissionDecision.REJECTED
 
 
 class _Entry:

@@ -102,6 +102,7 @@ class RouteReason(StrEnum):
     PREFIX_MATCH = "prefix_match"
     PREFIX_MISS_LEAST_LOADED = "prefix_miss_least_loaded"
     KV_CACHE_MATCH = "kv_cache_match"  # an exact match in an instance's reported KV cache
+    KV_CACHE_MISS_LEAST_LOADED = "kv_cache_miss_least_loaded"  # exact: no instance holds enough
     LOAD_IMBALANCE = "load_imbalance"
     WEIGHTED_SCORE = "weighted_score"
     NO_CANDIDATES = "no_candidates"

@@ -16,9 +16,22 @@ from tokenplane.core.autoscale import (
     ScaleDecision,
     ScaleReason,
     StaticFleet,
+    TokenplaneParams,
     TokenplaneScaler,
 )
 from tokenplane.core.views import InstanceView
+
+# The suite's configuration: every evidence rule on (bench/autoscale_suite.py).
+EVIDENCE = TokenplaneParams(
+    target_utilisation=1.0,
+    symmetric_bursts=True,
+    queue_buffer=True,
+    window_from_cold_start=True,
+    capacity_lower_bounds=True,
+    trust_latency=True,
+    latency_queues=True,
+    warm_slo_share=True,
+)
 
 fractions = st.floats(0.0, 1.0, allow_nan=False)
 rates = st.floats(0.0, 500.0, allow_nan=False)
@@ -74,10 +87,13 @@ def signals(draw: st.DrawFn) -> PoolSignal:
 
 def scalers(draw: st.DrawFn) -> Autoscaler:
     return draw(
-        st.sampled_from(["tokenplane", "hpa", "static"]).map(
-            lambda name: {"tokenplane": TokenplaneScaler(), "hpa": HpaScaler(), "static": StaticFleet(7)}[
-                name
-            ]
+        st.sampled_from(["tokenplane", "tokenplane-evidence", "hpa", "static"]).map(
+            lambda name: {
+                "tokenplane": TokenplaneScaler(),
+                "tokenplane-evidence": TokenplaneScaler(EVIDENCE),
+                "hpa": HpaScaler(),
+                "static": StaticFleet(7),
+            }[name]
         )
     )
 

@@ -145,9 +145,9 @@ def test_bad_params(params: dict[str, object]) -> None:
         ({"i2": 900}, (0, 0, 5), ("i2", RouteReason.KV_CACHE_MATCH)),  # the engine's word beats load
         ({"i0": 600, "i2": 900}, (0, 0, 0), ("i2", RouteReason.KV_CACHE_MATCH)),  # deepest wins
         ({"i0": 900, "i2": 900}, (4, 0, 1), ("i2", RouteReason.KV_CACHE_MATCH)),  # tie: fewer outstanding
-        ({"i2": 500}, (0, 0, 0), ("i0", RouteReason.PREFIX_MISS_LEAST_LOADED)),  # 500 / 1000 is not > 0.5
-        ({}, (1, 0, 1), ("i1", RouteReason.PREFIX_MISS_LEAST_LOADED)),  # reported, and nobody holds it
-        ({"i9": 1000}, (1, 0, 1), ("i1", RouteReason.PREFIX_MISS_LEAST_LOADED)),  # not a candidate
+        ({"i2": 500}, (0, 0, 0), ("i2", RouteReason.KV_CACHE_MATCH)),  # a real hit, however short
+        ({}, (1, 0, 1), ("i1", RouteReason.KV_CACHE_MISS_LEAST_LOADED)),  # reported, and nobody holds it
+        ({"i9": 1000}, (1, 0, 1), ("i1", RouteReason.KV_CACHE_MISS_LEAST_LOADED)),  # not a candidate
         ({"i2": 1000}, (0, 0, 40), ("i0", RouteReason.LOAD_IMBALANCE)),  # imbalance still wins
     ],
 )
@@ -161,3 +161,12 @@ def test_precise_mode_uses_the_reported_cache_not_the_index(
                         cached_prefix_tokens=cached)  # fmt: skip
     d = router.select(exact, views(*loads), now=1)
     assert (d.instance_id, d.reason) == want
+
+
+def test_precise_mode_has_its_own_threshold() -> None:
+    exact = RequestInfo("b", "m", prompt_tokens=1000, max_output_tokens=8, cached_prefix_tokens={"i2": 500})
+    strict = PrefixAffinityRouter(kv_cache_threshold=0.5)  # 500 / 1000 is not > 0.5
+    d = strict.select(exact, views(0, 0, 0), now=1)
+    assert (d.instance_id, d.reason) == ("i0", RouteReason.KV_CACHE_MISS_LEAST_LOADED)
+    with pytest.raises(ValueError, match="kv_cache_threshold"):
+        PrefixAffinityRouter(kv_cache_threshold=1.5)

@@ -120,3 +120,47 @@ def test_index_bounded_and_match_agrees_with_a_per_instance_walk(
             for k, h in enumerate(hashes or ()):
                 if h in held:
                     assert set(hashes[:k]) <= held, iid
+
+
+def test_set_bound_trims_an_instance_to_its_kv_cache_size() -> None:
+    idx = PrefixIndex(max_blocks_per_instance=100)
+    idx.insert("a", chain(1, 2, 3, 4, 5, 6), now=0.0)
+    idx.insert("b", chain(1, 2, 3, 4, 5, 6), now=0.0)
+    idx.set_bound("a", 2)
+    assert idx.blocks_held("a") == 2 and idx.blocks_held("b") == 6
+    assert idx.match(chain(1, 2, 3, 4, 5, 6)) == {"a": 2, "b": 6}  # "a" kept the shallow prefix
+    idx.insert("a", chain(7, 8, 9), now=1.0)
+    assert idx.blocks_held("a") == 2
+    idx.set_bound("b", 10_000)  # never above the index's own bound
+    idx.insert("b", tuple(range(1000, 1200)), now=2.0)
+    assert idx.blocks_held("b") == 100
+
+
+bounded_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "c"]),
+        st.one_of(chains, st.none(), st.integers(1, 12)),  # insert, forget, or set_bound
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=bounded_ops, cap=st.integers(1, 12), probe=chains)
+def test_per_instance_bounds_hold_and_match_still_agrees(
+    ops: list[tuple[str, tuple[int, ...] | int | None]], cap: int, probe: tuple[int, ...]
+) -> None:
+    idx = PrefixIndex(max_blocks_per_instance=cap)
+    bounds: dict[str, int] = {}
+    for t, (iid, op) in enumerate(ops):
+        if op is None:
+            idx.forget(iid)
+        elif isinstance(op, int):
+            idx.set_bound(iid, op)
+            bounds[iid] = min(op, cap)
+        else:
+            idx.insert(iid, op, now=float(t))
+        assert idx.blocks_held(iid) <= bounds.get(iid, cap)
+    assert len(idx) == len({h for entries in idx.snapshot().values() for h, _ in entries})
+    expected = {iid: d for iid in idx.instances if (d := reference_depth(idx, probe, iid)) > 0}
+    assert idx.match(probe) == expected

@@ -115,6 +115,19 @@ def test_prefix_overlap_uses_the_shared_index() -> None:
     assert scorer.score(req(()), cands, now=0) == [0.0, 0.0, 0.0]
 
 
+def test_prefix_overlap_reads_the_engines_caches_in_precise_mode() -> None:
+    """With ``cached_prefix_tokens`` (the gateway's tokenized prompt matched against KV events), the
+    score is each instance's cached leading tokens over the prompt; the approximate index, which
+    believes "a" holds everything, is not read."""
+    scorer = PrefixOverlapScorer()
+    scorer.index.insert("a", chain(1, 2, 3, 4), now=0)
+    exact = RequestInfo(
+        "r", "m", prompt_tokens=64, max_output_tokens=8, block_hashes=chain(1, 2, 3, 4),
+        cached_prefix_tokens={"b": 48, "c": 640},
+    )  # fmt: skip
+    assert scorer.score(exact, [iv("a"), iv("b"), iv("c")], now=0) == [0.0, 0.75, 1.0]
+
+
 # -- pickers ------------------------------------------------------------------------------------
 
 

@@ -19,8 +19,9 @@ from tokenplane.core.autoscale.decision import (
 from tokenplane.core.autoscale.factory import build_autoscaler, parse_pool_spec
 from tokenplane.core.autoscale.forecast import Forecast, holt_forecast
 from tokenplane.core.autoscale.plan import plan_actions
-from tokenplane.core.autoscale.policy import ScalerState, TokenplaneParams, TokenplaneScaler
+from tokenplane.core.autoscale.policy import ScalerState, TokenplaneScaler
 from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec, RateSample
+from tokenplane.core.autoscale.tokenplane_params import TokenplaneParams
 
 __all__ = [
     "ActionKind",

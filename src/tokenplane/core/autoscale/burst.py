@@ -70,6 +70,27 @@ def rise_sample(history: Sequence[RateSample], horizon_s: float) -> RiseSample |
     return RiseSample(history[anchor][0], max(level, floor), max(peak, 0.0))
 
 
+def fall_sample(history: Sequence[RateSample], horizon_s: float) -> RiseSample | None:
+    """The rise sample of the time-reversed history: the newest minute's level against the peak of
+    the horizon before it, dated at the newest bucket. A fall of the rate is a rise read backwards:
+    an on-off or Markov-modulated source (time-reversible) rises as far as it falls, so a pool that
+    starts inside a burst learns the burst's size when it ends, not only at the next rise."""
+    n = len(history)
+    if n < 2:
+        return None
+    width = history[-1][0] - history[-2][0]
+    if width <= 0:
+        return None
+    h = max(1, math.ceil(horizon_s / width - 1e-9))
+    k = max(1, round(LEVEL_WINDOW_S / width))
+    if n < h + k:
+        return None
+    level = sum(r for _, r in history[n - k :]) / k
+    peak = max(r for _, r in history[n - k - h : n - k])
+    floor = 1.0 / width
+    return RiseSample(history[-1][0], max(level, floor), max(peak, 0.0))
+
+
 def _weighted_quantile(pairs: list[tuple[float, float]], q: float) -> float:
     """``q``-quantile of values weighted by weights (``pairs``: (value, weight)), lower convention."""
     pairs.sort()

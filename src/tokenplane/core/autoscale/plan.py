@@ -10,7 +10,8 @@ Order of preference, cheapest first:
 3. Warm pool: cold-start the shortfall of (target_warm + serving gap) against warm + warming +
    parked; stop idle warm instances beyond it (never warming ones: they are stopped once warm).
 
-Cold starts never take the total (serving + warm + warming + draining) past ``max_instances``.
+Cold starts never take the total (serving + warm + warming + draining) past ``max_instances``,
+nor number more than ``max_cold_starts`` when the caller gives one.
 In-flight work is never cut: scale-down only drains.
 """
 
@@ -27,6 +28,7 @@ def plan_actions(
     target_serving: int,
     target_warm: int,
     park_drained: bool = True,
+    max_cold_starts: int | None = None,
 ) -> tuple[ScaleAction, ...]:
     serving = len(signal.serving)
     warm = len(signal.warm)
@@ -55,6 +57,8 @@ def plan_actions(
     if supply < needed:
         headroom = max(0, spec.max_instances - signal.total_instances)
         cold = min(needed - supply, headroom)
+        if max_cold_starts is not None:
+            cold = min(cold, max(0, max_cold_starts))
         if cold:
             actions.append(ScaleAction(ActionKind.START_COLD, cold))
     elif supply > needed:

@@ -60,7 +60,47 @@ in seconds rather than by a cold start), ``scale_down_step_fraction`` 0.25, ``de
 15, ``forecast_alpha`` 0.5, ``forecast_beta`` 0.3, ``forecast_phi`` 0.9, ``burst_k`` 1.5,
 ``learn_capacity`` true, ``capacity_learn_rate`` 0.2, ``capacity_bound`` 8, ``capacity_prior_weight``
 2, ``capacity_probe`` 0.25, ``comfort_fraction`` 0.5, ``probe_load_gate`` 0.3, ``learn_burstiness``
-true, ``burst_half_life_s`` (2 × ``stabilisation_s``), ``park_drained`` true.
+true, ``burst_half_life_s`` (2 × ``stabilisation_s``), ``park_drained`` true; the evidence rules
+above (false). Parsing and checks: :mod:`tokenplane_params`.
+
+Evidence rules (params, default false; ``bench/autoscale_suite.py`` turns all on):
+
+* ``symmetric_bursts``: a fall of the arrival rate counts as a rise read backwards
+  (:func:`burst.fall_sample`; on-off and Markov-modulated sources are time-reversible), so a pool
+  that starts inside a burst learns the burst when it ends; burst sizing then starts from the last
+  minute's mean (at least one request per bucket), the level the samples were measured from.
+* ``capacity_lower_bounds``: a rate served without saturating is a lower bound on capacity; the
+  estimate jumps to it instead of averaging it with the prior.
+* ``trust_latency``: with no saturated window yet (the estimate is a prior or a lower bound) and
+  the pool comfortable (TTFT p90 under ``comfort_fraction`` of the SLO, attainment met, no queue,
+  KV under ``kv_high``), the demand term does not add serving instances and the warm pool is sized
+  from measured cold-start rises only; a backlog under one request per instance is not a queue.
+* ``queue_buffer``: the TTFT budget ``S`` absorbs part of a rise: over a horizon ``H`` capacity
+  ``c`` serves a peak ``r`` when ``c >= r·H/(H + S)`` (never below the current level); the same for
+  the cold-start rises that alone size the warm pool while ``trust_latency`` holds the demand term.
+* ``window_from_cold_start``: stabilisation window and cooldown both equal one cold start plus a
+  decision interval (released capacity takes that long to return), and no shrink happens before one
+  such span has been observed. A cold start is bought only for serving + warm that the previous
+  decision asked for too (before the first decision: the initial pool); a need shorter than a
+  decision interval is gone long before the instance lands. Warm activations are not held back.
+* ``latency_queues``: a backlog is judged by the latency it causes (:func:`queue_within_slo`:
+  TTFT p90 within ``comfort_fraction`` of the SLO, attainment met, and the wait it implies by
+  Little's law, backlog / throughput, within the rest of the SLO). Such a backlog is neither a
+  saturated window (capacity learns only a lower bound from it, and it sets no ceiling) nor a
+  queue to drain. Without the ceiling such queues used to set, the probe can raise the estimate
+  past anything measured, so the pool does not shrink below the remembered bursts' peak
+  (``peak(slo_target)`` of the activation-horizon memory, buffered like the rest) at the rate
+  served comfortably: a shed instance is verified only when a burst returns, a cold start late.
+  And while the pool is comfortable on an estimate with no ceiling (the ``trust_latency``
+  conditions), the warm pool is sized from the measured cold-start rises alone even when the
+  demand term needs no hold: the forecast's trend over a cold start extrapolates a burst's onset
+  step far past the burst, and a cold start bought for it is stopped unused when it lands. A
+  ceiling below the most served comfortably (``safe_rps``) is refuted and counts as none.
+* ``warm_slo_share``: the SLO asks that ``slo_target`` of requests meet it, not all. While the
+  measured TTFT/TBT attainment meets it (and TTFT p90 is within the SLO), the warm pool is sized
+  for ``slo_target`` of the peak forecast within a cold start (already an upper bound: peak plus
+  margin); a peak that the serving pool misses by less than the SLO's slack buys no cold start,
+  which otherwise lands after the peak and is stopped unused. Serving targets are unchanged.
 
 Cost: two O(history) forecast passes and one pass over the serving instances per decision.
 
@@ -80,71 +120,16 @@ from typing import Any
 import msgspec
 
 from tokenplane.core.autoscale.base import AUTOSCALERS
-from tokenplane.core.autoscale.burst import BurstMemory, rise_sample
+from tokenplane.core.autoscale.burst import BurstMemory, RiseSample, fall_sample, rise_sample
 from tokenplane.core.autoscale.capacity import DEFAULT_KV_SATURATED, CapacityEstimate
 from tokenplane.core.autoscale.decision import ActionKind, Needs, ScaleDecision, ScaleReason
 from tokenplane.core.autoscale.forecast import holt_forecast
 from tokenplane.core.autoscale.plan import plan_actions
 from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec
-from tokenplane.core.params import ParamReader
+from tokenplane.core.autoscale.tokenplane_params import TokenplaneParams, read_params
 from tokenplane.core.registry import BuildContext, register
 
 _EPS = 1e-9
-
-
-class TokenplaneParams(msgspec.Struct, frozen=True):
-    target_utilisation: float = 0.75
-    scale_down_hysteresis: float = 0.1
-    queue_drain_s: float = 30.0
-    slo_target: float = 0.95
-    slo_gain: float = 2.0
-    slo_step_interval_s: float = 60.0
-    slo_load_gate: float = 0.5
-    kv_high: float = 0.9
-    kv_target: float = 0.75
-    cooldown_s: float = 180.0
-    stabilisation_s: float = 180.0
-    scale_down_step_fraction: float = 0.25
-    decision_interval_s: float = 15.0
-    forecast_alpha: float = 0.5
-    forecast_beta: float = 0.3
-    forecast_phi: float = 0.9
-    burst_k: float = 1.5
-    learn_capacity: bool = True
-    capacity_learn_rate: float = 0.2
-    capacity_bound: float = 8.0
-    capacity_prior_weight: float = 2.0
-    capacity_probe: float = 0.25
-    comfort_fraction: float = 0.5
-    probe_load_gate: float = 0.3
-    learn_burstiness: bool = True
-    burst_half_life_s: float | None = None  # None: 2 × stabilisation_s
-    park_drained: bool = True
-
-    def __post_init__(self) -> None:
-        if not 0 < self.target_utilisation <= 1:
-            raise ValueError(f"target_utilisation must be in (0, 1], got {self.target_utilisation}")
-        if not 0 <= self.scale_down_hysteresis < self.target_utilisation:
-            raise ValueError("scale_down_hysteresis must be in [0, target_utilisation)")
-        if not 0 < self.kv_target <= self.kv_high <= 1:
-            raise ValueError("need 0 < kv_target <= kv_high <= 1")
-        if not 0 < self.slo_target <= 1:
-            raise ValueError(f"slo_target must be in (0, 1], got {self.slo_target}")
-        if not 0 < self.scale_down_step_fraction <= 1:
-            raise ValueError("scale_down_step_fraction must be in (0, 1]")
-        if not (
-            0 < self.forecast_alpha <= 1 and 0 <= self.forecast_beta <= 1 and 0 <= self.forecast_phi <= 1
-        ):
-            raise ValueError("need 0 < forecast_alpha <= 1, 0 <= forecast_beta <= 1, 0 <= forecast_phi <= 1")
-        if self.capacity_bound < 1:
-            raise ValueError(f"capacity_bound must be >= 1, got {self.capacity_bound}")
-        if self.burst_half_life_s is not None and not self.burst_half_life_s > 0:
-            raise ValueError(f"burst_half_life_s must be > 0, got {self.burst_half_life_s}")
-        if not 0 < self.capacity_learn_rate <= 1:
-            raise ValueError("capacity_learn_rate must be in (0, 1]")
-        for name in ("queue_drain_s", "capacity_prior_weight"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0")
 
 
 class ScalerState(msgspec.Struct, frozen=True):
@@ -157,10 +142,33 @@ class ScalerState(msgspec.Struct, frozen=True):
     burst_activation: BurstMemory = BurstMemory()  # rises within warm activation + one interval
     burst_cold: BurstMemory = BurstMemory()  # rises within a cold start + one interval
     safe_rps: float | None = None  # most req/s per instance served with comfortable latency
+    first_decision_s: float | None = None
+    last_asked: int | None = None  # serving + warm the previous decision asked for
 
 
 def _ceil(x: float) -> int:
     return max(0, math.ceil(x - _EPS)) if math.isfinite(x) else 1 << 30
+
+
+def queue_within_slo(signal: PoolSignal, spec: PoolSpec, p: TokenplaneParams) -> bool:
+    """The ``latency_queues`` test: is the pool's backlog one it serves within the TTFT SLO?
+
+    True when the measured TTFT p90 (queueing included) is at most ``comfort_fraction`` of the SLO,
+    TTFT attainment meets ``slo_target``, and the wait the backlog implies now (Little's law:
+    backlog / throughput) fits in the margin the comfort threshold leaves, ``(1 -
+    comfort_fraction)`` of the SLO: a leading check, since the measured p90 lags by one SLO plus
+    its window. Such a backlog is the batch turning over (a continuous-batching engine always has a
+    few requests between steps), not a pool at its limit. False (the queue counts) whenever either
+    is unknown.
+    """
+    slo, p90, served = spec.ttft_slo_s, signal.ttft_p90_s, signal.throughput_rps
+    if slo is None or p90 is None or served is None or served <= 0:
+        return False
+    if p90 > p.comfort_fraction * slo:
+        return False
+    if signal.ttft_attainment is not None and signal.ttft_attainment < p.slo_target:
+        return False
+    return signal.backlog / served <= (1.0 - p.comfort_fraction) * slo
 
 
 class TokenplaneScaler:
@@ -194,6 +202,12 @@ class TokenplaneScaler:
             half_life = p.burst_half_life_s or 2.0 * max(p.stabilisation_s, p.decision_interval_s)
             for horizon, field in ((h_act, "burst_activation"), (h_cold, "burst_cold")):
                 sample = rise_sample(signal.arrivals, horizon)
+                if p.symmetric_bursts:
+                    fall = fall_sample(signal.arrivals, horizon)
+                    if fall is not None and (sample is None or fall.ratio > sample.ratio):
+                        sample = fall
+                    if sample is not None:  # dated at the newest bucket: one sample per bucket
+                        sample = RiseSample(signal.arrivals[-1][0], sample.level_rps, sample.peak_rps)
                 if sample is not None:
                     memory: BurstMemory = getattr(state, field)
                     if memory.half_life_s != half_life:
@@ -214,13 +228,16 @@ class TokenplaneScaler:
             and signal.ttft_p90_s is not None
             and signal.ttft_p90_s > spec.ttft_slo_s
         )
+        # latency_queues: a backlog served within the SLO (queue_within_slo) is not saturation.
+        queue_counts = not (p.latency_queues and queue_within_slo(signal, spec, p))
         saturated = (
-            (2 * queueing >= ready and signal.backlog >= ready)
+            (2 * queueing >= ready and signal.backlog >= ready and queue_counts)
             or signal.mean_kv_usage >= DEFAULT_KV_SATURATED
             or (slo_breach and 2 * queueing >= ready)
         )
         if signal.throughput_rps is not None:
             per_instance = signal.throughput_rps / ready
+            served = per_instance
             current = state.capacity_rps.get(spec.capacity_rps, bound=p.capacity_bound)
             # Latency evidence: the pool met the TTFT SLO with room to spare (p90 under
             # comfort_fraction of it) while each instance carried at least probe_load_gate of its
@@ -229,6 +246,7 @@ class TokenplaneScaler:
             # pool did at its limit). A saturated window (below) pulls it back.
             comfortable = (
                 not saturated
+                and (not p.latency_queues or signal.backlog < ready)  # a queue: served is the measure
                 and spec.ttft_slo_s is not None
                 and signal.ttft_p90_s is not None
                 and signal.ttft_p90_s <= p.comfort_fraction * spec.ttft_slo_s
@@ -250,6 +268,12 @@ class TokenplaneScaler:
                 bound=p.capacity_bound,
                 prior_weight=p.capacity_prior_weight,
             )
+            if p.capacity_lower_bounds and not saturated and est.value is not None and served > est.value:
+                # Served without saturating: capacity is at least this. A bound, not a noisy sample
+                # to average with a rough prior (the average would keep the prior's error for
+                # minutes); the probe above stays a step, not a bound.
+                top = spec.capacity_rps * p.capacity_bound
+                est = msgspec.structs.replace(est, value=min(top, served))
             state = msgspec.structs.replace(state, capacity_rps=est)
         if signal.throughput_tps is not None and spec.capacity_tokens_per_s is not None:
             est = state.capacity_tps.observe(
@@ -265,15 +289,23 @@ class TokenplaneScaler:
 
     def commit(self, decision: ScaleDecision, *, now: float) -> None:
         """Record a decision that the shell carried out: cooldown clock and stabilisation window."""
-        horizon = now - self.params.stabilisation_s
+        # Kept for the longest window decide() may read (window_from_cold_start: a cold start).
+        horizon = now - (
+            max(self.params.stabilisation_s, 3600.0)
+            if self.params.window_from_cold_start
+            else self.params.stabilisation_s
+        )
         recs = tuple(r for r in self._state.recommendations if r[0] > horizon and r[0] <= now)
         last_up = self._state.last_scale_up_s
         if decision.target_serving > decision.current_serving:
             last_up = now
+        first = self._state.first_decision_s
         self._state = msgspec.structs.replace(
             self._state,
             recommendations=(*recs, (now, decision.recommendation)),
             last_scale_up_s=last_up,
+            first_decision_s=now if first is None else first,
+            last_asked=decision.target_serving + decision.target_warm,
         )
 
     # -- the decision (pure) -------------------------------------------------------------------
@@ -311,12 +343,39 @@ class TokenplaneScaler:
         # and serving + warm for the rise seen within a cold start (see :mod:`burst`).
         serve_rps, provision_rps = fc_act.upper_rps, max(fc_act.upper_rps, fc_cold.upper_rps)
         headroom = 1.0
+        burst_provision_rps = 0.0
+        remembered_rps = 0.0  # the remembered bursts' peak (latency_queues' scale-down floor)
         state = self._state
         if p.learn_burstiness:
             level, q = fc_act.level_rps, p.slo_target
+            if p.symmetric_bursts and len(signal.arrivals) >= 2:
+                # The level the rise samples are measured from (the last minute's mean, at least one
+                # request per bucket): a smoothed level that decays toward 0 in a quiet spell would
+                # scale the measured rise down to nothing.
+                width = signal.arrivals[-1][0] - signal.arrivals[-2][0]
+                if width > 0:
+                    k = max(1, round(60.0 / width))
+                    recent = signal.arrivals[-k:]
+                    minute = sum(r for _, r in recent) / len(recent)
+                    level = max(level, minute, 1.0 / width)
             serve_rps = max(serve_rps, state.burst_activation.size_for(level, q))
-            provision_rps = max(provision_rps, serve_rps, state.burst_cold.size_for(level, q))
+            remembered_rps = state.burst_activation.peak(q)
+            burst_provision_rps = state.burst_cold.size_for(level, q) if state.burst_cold.samples else 0.0
+            provision_rps = max(provision_rps, serve_rps, burst_provision_rps)
             headroom = state.burst_activation.headroom(q)
+        if p.queue_buffer and spec.ttft_slo_s is not None:
+            # A rise shorter than the TTFT budget allows can queue: capacity c over a horizon H
+            # absorbs a peak r when the backlog (r - c) H drains within the SLO S, i.e. c >= r H /
+            # (H + S). Applied to the rise above today's level only.
+            h_act, h_cold = self._horizons(spec)
+            level = fc_act.level_rps
+            serve_rps = max(level, serve_rps * h_act / (h_act + spec.ttft_slo_s))
+            remembered_rps = remembered_rps * h_act / (h_act + spec.ttft_slo_s)
+            provision_rps = max(serve_rps, provision_rps * h_cold / (h_cold + spec.ttft_slo_s))
+            # The same buffer for the measured cold-start rises alone (what the warm pool is sized
+            # from while the demand term is held): otherwise the warm target flips by one instance
+            # as the hold turns on and off, and each flip up is a cold start stopped when it lands.
+            burst_provision_rps = max(level, burst_provision_rps * h_cold / (h_cold + spec.ttft_slo_s))
 
         def demand_need(util: float) -> int:
             need = _ceil(serve_rps / (cap * util))
@@ -325,9 +384,13 @@ class TokenplaneScaler:
                 need = max(need, _ceil(signal.tokens_per_s_demand / (cap_tps * util)))
             return need
 
+        queue_ok = p.latency_queues and queue_within_slo(signal, spec, p)
+
         def queue_need(util: float) -> int:
-            if backlog == 0:
-                return 0
+            if backlog == 0 or (p.trust_latency and backlog < n):
+                return 0  # trust_latency: under one waiting request per instance is routing jitter
+            if queue_ok:
+                return 0  # latency_queues: a backlog served within the SLO needs no draining
             return _ceil((rate_now + backlog / p.queue_drain_s) / (cap * util))
 
         # SLO feedback, gated on load (see module docstring).
@@ -351,8 +414,32 @@ class TokenplaneScaler:
         kv_down = _ceil(n * mean_kv / p.kv_high)
 
         busy = 1 if (fc_act.upper_rps > 0 or backlog > 0) else 0
+        demand_up = demand_need(u)
+        held = False
+        ceiling = state.capacity_rps.ceiling
+        # latency_queues: a ceiling below a rate served comfortably is refuted (its saturated window
+        # measured something other than the pool at its limit); the estimate is as unproven as with
+        # no ceiling at all.
+        unproven = ceiling is None or (p.latency_queues and safe is not None and safe > ceiling)
+        unproven_comfort = bool(
+            p.trust_latency
+            and unproven
+            and (backlog < max(1, n) or queue_ok)
+            and not at_risk
+            and mean_kv < p.kv_high
+            and spec.ttft_slo_s is not None
+            and signal.ttft_p90_s is not None
+            and signal.ttft_p90_s <= p.comfort_fraction * spec.ttft_slo_s
+        )
+        if unproven_comfort and demand_up > n:
+            # No saturated window yet, so the capacity estimate is a prior or a lower bound (the
+            # most served); the pool meets the SLO with room now. Adding GPUs on that estimate
+            # would buy capacity the latency says is not needed: hold, and let the queue, SLO and
+            # KV terms (measured, not estimated) add capacity when the load reaches the knee.
+            demand_up = n
+            held = True
         terms = (
-            (ScaleReason.FORECAST_RISE, demand_need(u)),
+            (ScaleReason.FORECAST_RISE, demand_up),
             (ScaleReason.QUEUE_GROWING, queue_need(u)),
             (ScaleReason.SLO_AT_RISK, max(slo_up, slo_hold)),
             (ScaleReason.KV_PRESSURE, kv_up),
@@ -365,12 +452,26 @@ class TokenplaneScaler:
         lasting = max(terms[0][1], terms[2][1], kv_up, demand_need(u_down), slo_hold, kv_down, busy)
         raw_down = max(lasting, terms[1][1], queue_need(u_down))
         provision = _ceil(provision_rps / (cap * u))
+        if held or (p.latency_queues and unproven_comfort):
+            # Nor pre-warm on it: only the rises measured within a cold start size the warm pool
+            # (latency_queues: whenever the latency vouches for the pool, held or not).
+            provision = max(min(provision, n), _ceil(burst_provision_rps / (cap * u)))
+        if p.warm_slo_share and attainment is not None and attainment >= p.slo_target and not p90_breach:
+            # The SLO asks that slo_target of requests be served in time, not all: while it is met,
+            # the warm pool covers that share of the peak forecast within a cold start (an upper
+            # bound already: peak + margin), the rest being the slack the SLO allows.
+            provision = min(provision, _ceil(p.slo_target * provision_rps / (cap * u)))
         # Shrink only into a per-instance load seen served comfortably (plus one probe step): the
         # capacity estimate may still be the prior, and TTFT has a cliff, not a slope.
         if p.learn_capacity and spec.ttft_slo_s is not None:
             proven = safe * (1.0 + p.capacity_probe) if safe is not None else 0.0
             if proven < cap:
                 raw_down = max(raw_down, n if proven <= 0 else _ceil(serve_rps / proven))
+            if p.latency_queues and safe is not None:
+                # The probe step above is checked by the latency of the load now; a remembered burst
+                # checks it only when it returns, and capacity shed for it then takes a cold start
+                # to come back: size for the remembered bursts at what has been served comfortably.
+                raw_down = max(raw_down, _ceil(remembered_rps / safe))
         if not signal.arrivals:
             raw_down = max(raw_down, n)  # no complete bucket measured yet: nothing to size down on
 
@@ -418,8 +519,24 @@ class TokenplaneScaler:
 
         target_warm = max(spec.warm_pool_size, provision - target)
         target_warm = max(0, min(target_warm, hi - target))
+        max_cold: int | None = None
+        if p.window_from_cold_start:
+            # A cold start lands a cold start from now: buy one only for a need the previous
+            # decision asked for too. A need that lasts less than a decision interval (a KV spike, a
+            # backlog the pool drains, an estimate flickering across a whole number of instances)
+            # is gone long before the instance lands, which is then stopped idle, a cold start of
+            # GPU time for nothing. Warm activations (seconds) are not held back.
+            held_now = n + len(signal.warm) + len(signal.warming)
+            prev = self._state.last_asked
+            # Before the first decision, what is held is what was asked for (the initial pool).
+            max_cold = min(target + target_warm, held_now if prev is None else prev) - held_now
         actions = plan_actions(
-            signal, spec, target_serving=target, target_warm=target_warm, park_drained=p.park_drained
+            signal,
+            spec,
+            target_serving=target,
+            target_warm=target_warm,
+            park_drained=p.park_drained,
+            max_cold_starts=max_cold,
         )
         if reason is ScaleReason.STEADY and any(
             a.kind in (ActionKind.START_COLD, ActionKind.STOP_WARM) for a in actions
@@ -456,19 +573,27 @@ class TokenplaneScaler:
                 return n, ScaleReason.AT_MIN, f"need {raw_up} < min {lo}"
             return n, ScaleReason.STEADY, "need met"
         last_up = self._state.last_scale_up_s
-        if last_up is not None and now - last_up < p.cooldown_s:
+        cooldown, stab = p.cooldown_s, p.stabilisation_s
+        if p.window_from_cold_start:
+            # Released capacity takes a cold start (plus a decision) to come back: hold what the
+            # last such span asked for, no longer; and decide no shrink before one span is seen.
+            cooldown = stab = spec.cold_start_s + p.decision_interval_s
+            first = self._state.first_decision_s
+            if first is None or now - first < stab:
+                return n, ScaleReason.COOLDOWN, f"first {stab:.0f}s: no evidence to shrink on yet"
+        if last_up is not None and now - last_up < cooldown:
             return (
                 n,
                 ScaleReason.COOLDOWN,
-                f"scale-up {now - last_up:.0f}s ago < cooldown {p.cooldown_s:.0f}s",
+                f"scale-up {now - last_up:.0f}s ago < cooldown {cooldown:.0f}s",
             )
-        window = [r for t, r in self._state.recommendations if now - p.stabilisation_s < t <= now]
+        window = [r for t, r in self._state.recommendations if now - stab < t <= now]
         stabilised = max([floor, *window])
         if stabilised >= n:
             return n, ScaleReason.COOLDOWN, f"stabilisation window holds {stabilised}"
         step = max(1, math.floor(n * p.scale_down_step_fraction))
         target = max(stabilised, lo, n - step)
-        return target, ScaleReason.OVERPROVISIONED, f"need {stabilised} over {p.stabilisation_s:.0f}s < {n}"
+        return target, ScaleReason.OVERPROVISIONED, f"need {stabilised} over {stab:.0f}s < {n}"
 
     @staticmethod
     def _note(driver: ScaleReason, needs: Needs, backlog: int, attainment: float | None, kv: float) -> str:
@@ -486,49 +611,6 @@ class TokenplaneScaler:
         )
 
 
-_FLOAT_PARAMS = {
-    "target_utilisation": (0.0, 1.0, True),
-    "scale_down_hysteresis": (0.0, 1.0, False),
-    "queue_drain_s": (0.0, None, True),
-    "slo_target": (0.0, 1.0, True),
-    "slo_gain": (0.0, None, False),
-    "slo_step_interval_s": (0.0, None, False),
-    "slo_load_gate": (0.0, None, False),
-    "kv_high": (0.0, 1.0, True),
-    "kv_target": (0.0, 1.0, True),
-    "cooldown_s": (0.0, None, False),
-    "stabilisation_s": (0.0, None, False),
-    "scale_down_step_fraction": (0.0, 1.0, True),
-    "decision_interval_s": (0.0, None, False),
-    "forecast_alpha": (0.0, 1.0, True),
-    "forecast_beta": (0.0, 1.0, False),
-    "forecast_phi": (0.0, 1.0, False),
-    "burst_k": (0.0, None, False),
-    "capacity_learn_rate": (0.0, 1.0, True),
-    "capacity_bound": (1.0, None, False),
-    "capacity_prior_weight": (0.0, None, True),
-    "capacity_probe": (0.0, None, False),
-    "comfort_fraction": (0.0, 1.0, True),
-    "probe_load_gate": (0.0, 1.0, False),
-}
-_BOOL_PARAMS = ("learn_capacity", "learn_burstiness", "park_drained")
-
-
 @register(AUTOSCALERS, "tokenplane")
 def _build(params: Mapping[str, Any], ctx: BuildContext) -> TokenplaneScaler:
-    reader = ParamReader(
-        "autoscaler 'tokenplane'", params, (*_FLOAT_PARAMS, *_BOOL_PARAMS, "burst_half_life_s")
-    )
-    defaults = TokenplaneParams()
-    values: dict[str, Any] = {}
-    for key, (lo, hi, exclusive) in _FLOAT_PARAMS.items():
-        values[key] = reader.float_(
-            key, getattr(defaults, key), min_value=lo, max_value=hi, exclusive_min=exclusive
-        )
-    for key in _BOOL_PARAMS:
-        values[key] = reader.bool_(key, getattr(defaults, key))
-    if reader.has("burst_half_life_s"):
-        values["burst_half_life_s"] = reader.float_(
-            "burst_half_life_s", 900.0, min_value=0.0, exclusive_min=True
-        )
-    return TokenplaneScaler(TokenplaneParams(**values))
+    return TokenplaneScaler(read_params(params))

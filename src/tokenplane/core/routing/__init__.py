@@ -10,15 +10,17 @@ Importing this package registers every built-in plugin:
 * scorers: ``prefix-overlap``, ``queue-depth``, ``outstanding-tokens``, ``kv-usage``, and from
   :mod:`.placement` ``gpu-fit``, ``hbm-headroom``, ``weights-ready``, ``tenant-priority``,
   ``workflow-affinity``, ``latency-budget``, and from :mod:`.lora` ``lora-affinity``;
-* pickers: ``max-score``, ``random-top``.
+* pickers: ``max-score``, ``random-top``;
+* pair routers (prefill/decode disaggregation, :mod:`.pd`): ``pd-pair``.
 
 :func:`build_router` turns a config slice into a :class:`Router`.
 """
 
-from tokenplane.core.routing import filters, lora, pickers, placement, scorers  # noqa: F401  (registration)
+from tokenplane.core.routing import filters, lora, pd, pickers, placement, scorers  # noqa: F401  (registration)
 from tokenplane.core.routing.base import Filter, Picker, Router, Scorer
 from tokenplane.core.routing.factory import build_router
 from tokenplane.core.routing.least_load import LeastRequestsRouter, LeastTokensRouter
+from tokenplane.core.routing.pd import PairDecision, PairReason, PairRouter, PdPairRouter, build_pair_router
 from tokenplane.core.routing.power_of_two import PowerOfTwoRouter
 from tokenplane.core.routing.prefix_affinity import PrefixAffinityRouter
 from tokenplane.core.routing.prefix_index import PrefixIndex
@@ -30,6 +32,10 @@ __all__ = [
     "Filter",
     "LeastRequestsRouter",
     "LeastTokensRouter",
+    "PairDecision",
+    "PairReason",
+    "PairRouter",
+    "PdPairRouter",
     "Picker",
     "PowerOfTwoRouter",
     "PrefixAffinityRouter",
@@ -39,5 +45,6 @@ __all__ = [
     "Router",
     "Scorer",
     "WeightedRouter",
+    "build_pair_router",
     "build_router",
 ]

@@ -14,9 +14,10 @@ Algorithm, per request over the usable candidates:
    engines' own KV-cache reports) an instance's ratio is its cached leading tokens /
    ``prompt_tokens`` instead, and the reason ``KV_CACHE_MATCH``.
 3. Miss. Otherwise route to the least-loaded instance, ties → lowest index
-   (``PREFIX_MISS_LEAST_LOADED``). SGLang picks the instance with the smallest tree instead; we pick
-   by outstanding requests because that is the current signal (tree size is history, and with a
-   bounded, evicting index every busy instance's tree converges to the bound anyway).
+   (``PREFIX_MISS_LEAST_LOADED``; ``KV_CACHE_MISS_LEAST_LOADED`` in precise mode). SGLang picks
+   the instance with the smallest tree instead; we pick by outstanding requests because that is
+   the current signal (tree size is history, and with a bounded, evicting index every busy
+   instance's tree converges to the bound anyway).
 
 ``on_routed`` inserts the request's chain for the chosen instance with last-access ``now``;
 ``select`` only reads the index. ``on_finished`` does nothing: a finished request's prefix stays in
@@ -26,6 +27,10 @@ when an instance is removed or restarted).
 Params:
 
 * ``cache_threshold`` (float in [0, 1], default 0.5): minimum match ratio, strictly exceeded.
+* ``kv_cache_threshold`` (float in [0, 1], default 0.0): the same in precise mode. A reported hit
+  is real (the approximate index's is a guess that drifts), so any cached leading block is worth
+  going for unless load is skewed: with pressure on the KV cache, a conversation's instance keeps
+  its leading blocks longest, and a threshold would send it to an instance holding nothing.
 * ``balance_abs_threshold`` (number >= 0, default 32): absolute outstanding-request gap.
 * ``balance_rel_threshold`` (number >= 1, default 1.5): relative gap (max > min × this).
 * ``max_blocks_per_instance`` (int >= 1, default 200_000): index bound per instance; LRU eviction,
@@ -56,6 +61,7 @@ from tokenplane.core.routing.prefix_index import DEFAULT_MAX_BLOCKS_PER_INSTANCE
 from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, RouteDecision, RouteReason
 
 DEFAULT_CACHE_THRESHOLD = 0.5
+DEFAULT_KV_CACHE_THRESHOLD = 0.0
 DEFAULT_BALANCE_ABS_THRESHOLD = 32.0
 DEFAULT_BALANCE_REL_THRESHOLD = 1.5
 
@@ -67,17 +73,21 @@ class PrefixAffinityRouter:
         self,
         *,
         cache_threshold: float = DEFAULT_CACHE_THRESHOLD,
+        kv_cache_threshold: float = DEFAULT_KV_CACHE_THRESHOLD,
         balance_abs_threshold: float = DEFAULT_BALANCE_ABS_THRESHOLD,
         balance_rel_threshold: float = DEFAULT_BALANCE_REL_THRESHOLD,
         max_blocks_per_instance: int = DEFAULT_MAX_BLOCKS_PER_INSTANCE,
     ) -> None:
         if not 0.0 <= cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {cache_threshold}")
+        if not 0.0 <= kv_cache_threshold <= 1.0:
+            raise ValueError(f"kv_cache_threshold must be in [0, 1], got {kv_cache_threshold}")
         if balance_abs_threshold < 0:
             raise ValueError(f"balance_abs_threshold must be >= 0, got {balance_abs_threshold}")
         if balance_rel_threshold < 1.0:
             raise ValueError(f"balance_rel_threshold must be >= 1, got {balance_rel_threshold}")
         self.cache_threshold = cache_threshold
+        self.kv_cache_threshold = kv_cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
         self.index = PrefixIndex(max_blocks_per_instance)
@@ -89,14 +99,16 @@ class PrefixAffinityRouter:
         depths: Mapping[InstanceId, int] | None
         if exact is not None:  # precise mode: what each engine reported it holds, in tokens
             depths, total = exact, max(1, request.prompt_tokens)
+            threshold = self.kv_cache_threshold
         else:
             hashes = request.block_hashes
             depths = self.index.match(hashes) if hashes else None
             total = len(hashes)
+            threshold = self.cache_threshold
         top: Container[InstanceId] | None = None
         if depths:
             best_depth = max(depths.values())
-            if best_depth / total > self.cache_threshold:
+            if best_depth / total > threshold:
                 # Usually one or a few instances: a membership test per candidate is far cheaper
                 # than reading every candidate's depth.
                 top = depths if len(depths) == 1 else {i for i, d in depths.items() if d == best_depth}
@@ -130,14 +142,23 @@ class PrefixAffinityRouter:
         if top is not None:
             if best is None and depths is not None:
                 # Rare: every best-matching instance is unusable or not a candidate.
-                best = self._next_best(candidates, depths, total)
+                best = self._next_best(candidates, depths, total, threshold)
             if best is not None:
                 reason = RouteReason.KV_CACHE_MATCH if exact is not None else RouteReason.PREFIX_MATCH
                 return RouteDecision(best.instance_id, reason)
-        return RouteDecision(least.instance_id, RouteReason.PREFIX_MISS_LEAST_LOADED)
+        miss = (
+            RouteReason.KV_CACHE_MISS_LEAST_LOADED
+            if exact is not None
+            else RouteReason.PREFIX_MISS_LEAST_LOADED
+        )
+        return RouteDecision(least.instance_id, miss)
 
     def _next_best(
-        self, candidates: Sequence[InstanceView], depths: Mapping[InstanceId, int], total: int
+        self,
+        candidates: Sequence[InstanceView],
+        depths: Mapping[InstanceId, int],
+        total: int,
+        threshold: float,
     ) -> InstanceView | None:
         """The usable candidate with the deepest match above the threshold (ties → fewer outstanding)."""
         best: InstanceView | None = None
@@ -152,7 +173,7 @@ class PrefixAffinityRouter:
                 best = view
                 best_depth = depth
                 best_load = load
-        if best is None or best_depth / total <= self.cache_threshold:
+        if best is None or best_depth / total <= threshold:
             return None
         return best
 
@@ -171,11 +192,20 @@ def _build(params: Mapping[str, Any], ctx: BuildContext) -> PrefixAffinityRouter
     reader = ParamReader(
         "router 'prefix-affinity'",
         params,
-        ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold", "max_blocks_per_instance"),
+        (
+            "cache_threshold",
+            "kv_cache_threshold",
+            "balance_abs_threshold",
+            "balance_rel_threshold",
+            "max_blocks_per_instance",
+        ),
     )
     return PrefixAffinityRouter(
         cache_threshold=reader.float_(
             "cache_threshold", DEFAULT_CACHE_THRESHOLD, min_value=0.0, max_value=1.0
+        ),
+        kv_cache_threshold=reader.float_(
+            "kv_cache_threshold", DEFAULT_KV_CACHE_THRESHOLD, min_value=0.0, max_value=1.0
         ),
         balance_abs_threshold=reader.float_(
             "balance_abs_threshold", DEFAULT_BALANCE_ABS_THRESHOLD, min_value=0.0

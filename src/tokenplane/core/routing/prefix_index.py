@@ -63,6 +63,7 @@ class PrefixIndex:
         self._bit: dict[InstanceId, int] = {}  # an instance's bit in the holder masks
         self._ids: list[InstanceId | None] = []  # bit position -> instance (None: free)
         self._free: list[int] = []
+        self._bounds: dict[InstanceId, int] = {}  # an instance's own, lower bound (set_bound)
 
     def _holding(self, mask: int) -> Iterator[InstanceId]:
         ids = self._ids
@@ -123,6 +124,10 @@ class PrefixIndex:
             depth += 1
         return depth
 
+    def bound(self, instance_id: InstanceId) -> int:
+        """The most blocks this index holds for the instance (:meth:`set_bound`, else the default)."""
+        return self._bounds.get(instance_id, self.max_blocks_per_instance)
+
     def blocks_held(self, instance_id: InstanceId) -> int:
         lru = self._lru.get(instance_id)
         return 0 if lru is None else len(lru)
@@ -145,7 +150,7 @@ class PrefixIndex:
         """Record that a request with this chain was routed to ``instance_id`` at ``now``."""
         if not block_hashes:
             return
-        cap = self.max_blocks_per_instance
+        cap = self._bounds.get(instance_id, self.max_blocks_per_instance)
         if len(block_hashes) > cap:
             block_hashes = block_hashes[:cap]
         lru = self._lru.get(instance_id)
@@ -170,6 +175,22 @@ class PrefixIndex:
         while len(lru) > cap:
             old, _ = lru.popitem(last=False)
             self._drop_holder(old, bit)
+
+    def set_bound(self, instance_id: InstanceId, blocks: int) -> None:
+        """Hold at most ``blocks`` blocks for this instance (at most ``max_blocks_per_instance``):
+        its engine's KV cache size in blocks. A block the engine cannot be holding any more (it
+        has room for fewer) is stale knowledge, and memory that grows with traffic until the
+        default bound: with the 200,000 default, ~40 MB an instance."""
+        cap = max(1, min(blocks, self.max_blocks_per_instance))
+        if self._bounds.get(instance_id) == cap:
+            return
+        self._bounds[instance_id] = cap
+        lru = self._lru.get(instance_id)
+        if lru is not None and len(lru) > cap:
+            bit = self._bit[instance_id]
+            while len(lru) > cap:
+                old, _ = lru.popitem(last=False)
+                self._drop_holder(old, bit)
 
     def forget(self, instance_id: InstanceId) -> None:
         """Drop everything recorded for an instance (removed, restarted or drained)."""

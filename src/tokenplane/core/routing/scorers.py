@@ -7,7 +7,9 @@ cannot dominate a profile's weighted sum. Results are lists aligned with the can
   :class:`~tokenplane.core.routing.prefix_index.PrefixIndex` (the same structure prefix-affinity
   uses). The weighted router owns the index, binds it here at build time and updates it in its
   ``on_routed``; a scorer built on its own gets a private, empty index. 0 for every candidate when
-  the request has no full block. Cost: the index walk plus one dict read per candidate.
+  the request has no full block. Cost: the index walk plus one dict read per candidate. In precise
+  mode (``RequestInfo.cached_prefix_tokens`` filled from the engines' KV events) the score is an
+  instance's cached leading tokens / ``prompt_tokens`` instead, and the index is not read.
 * ``queue-depth``: ``1 − (waiting + running) / max`` over the candidates; 1 for all when the max is 0.
 * ``outstanding-tokens``: ``1 − outstanding_tokens / max`` over the candidates; 1 for all when 0.
 * ``kv-usage``: ``1 − kv_usage``.
@@ -46,6 +48,10 @@ class PrefixOverlapScorer:
         self.index = index
 
     def score(self, request: RequestInfo, candidates: Sequence[InstanceView], *, now: float) -> list[float]:
+        exact = request.cached_prefix_tokens
+        if exact is not None:  # precise mode: the engines' reported caches, in tokens
+            total_tokens = max(1, request.prompt_tokens)
+            return [min(1.0, exact.get(v.instance_id, 0) / total_tokens) for v in candidates]
         hashes = request.block_hashes
         depths = self.index.match(hashes) if hashes else None
         if not depths:
