@@ -15,6 +15,8 @@ import pytest
 from tokenplane.sim.catalog import Catalog, CatalogError, ModelSpec
 from tokenplane.sim.hf_config import HfConfigError, load_hf_config, model_fields
 
+QWEN_MOE_CONFIG = Path(__file__).parents[2] / "examples" / "models" / "qwen1.5-moe-a2.7b.config.json"
+
 LLAMA_31_8B: dict[str, Any] = {
     "model_type": "llama",
     "hidden_size": 4096,
@@ -61,23 +63,8 @@ MIXTRAL_8X7B: dict[str, Any] = {
     "vocab_size": 32000,
     "torch_dtype": "bfloat16",
 }
-QWEN15_MOE_A27B: dict[str, Any] = {
-    "model_type": "qwen2_moe",
-    "hidden_size": 2048,
-    "intermediate_size": 5632,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 16,
-    "num_experts": 60,
-    "num_experts_per_tok": 4,
-    "moe_intermediate_size": 1408,
-    "shared_expert_intermediate_size": 5632,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "vocab_size": 151936,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
+# Qwen1.5-MoE-A2.7B: the example config.json, shared with the step-time tests.
+QWEN15_MOE_A27B: dict[str, Any] = load_hf_config(QWEN_MOE_CONFIG)
 DEEPSEEK_V2_LITE: dict[str, Any] = {
     "model_type": "deepseek_v2",
     "hidden_size": 2048,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenplane.sim.catalog import Catalog, GpuSpec, ModelSpec
-from tokenplane.sim.hf_config import model_fields
+from tokenplane.sim.hf_config import load_hf_config, model_fields
 from tokenplane.sim.perf_model import (
     StepTimeModel,
     all_to_all_time_s,
@@ -40,18 +41,7 @@ MIXTRAL = ModelSpec(
 QWEN_MOE = ModelSpec(
     name="qwen-moe-like",
     **model_fields(
-        {
-            "hidden_size": 2048,
-            "intermediate_size": 5632,
-            "num_hidden_layers": 24,
-            "num_attention_heads": 16,
-            "num_key_value_heads": 16,
-            "num_experts": 60,
-            "num_experts_per_tok": 4,
-            "moe_intermediate_size": 1408,
-            "shared_expert_intermediate_size": 5632,
-            "vocab_size": 151936,
-        }
+        load_hf_config(Path(__file__).parents[2] / "examples/models/qwen1.5-moe-a2.7b.config.json")
     ),
 )
 

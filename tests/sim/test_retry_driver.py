@@ -112,6 +112,6 @@ def test_precise_kv_routes_on_what_the_engine_holds(fakes: SimpleNamespace) -> N
 def test_precise_kv_sees_that_an_engine_does_not_cache(fakes: SimpleNamespace) -> None:
     # the index believes the prefix is on the first instance; the engines cache nothing
     _, second = _prefix_case(fakes, precise=True, caching=False)
-    assert second.endswith(":prefix_miss_least_loaded")
+    assert second.endswith(":kv_cache_miss_least_loaded")
     _, second = _prefix_case(fakes, precise=False, caching=False)
     assert second.endswith(":prefix_match")

@@ -7,134 +7,50 @@ cached blocks are reused (prefix caching), so only the rest is prefilled. When a
 a block and none is free, the newest running sequence is preempted and later recomputed (vLLM's
 recompute preemption). Step time comes from a :class:`StepTimeModel`.
 
-Speed: simulated time must not cost wall time per token. While the batch is only decoding, its
-composition cannot change until the next sequence finishes, the KV cache runs out or a request
-arrives, so the engine plans the whole run of ``k`` steps at once: step ``j`` costs
-``A + B * (C + j * n)`` (``n`` decoders, ``C`` tokens of context), which sums in closed form, and
-the blocks the run allocates are counted per residue class of context length modulo the block
-size. An arrival interrupts a run at the next step boundary.
+The engine is split by concept: :mod:`~tokenplane.sim.sequence` holds the request (:class:`Seq`) and
+the limits (:class:`EngineConfig`), :mod:`~tokenplane.sim.decode_run` the closed-form runs of
+decode-only steps (what keeps simulated time cheap in wall time) and
+:mod:`~tokenplane.sim.seq_release` how a sequence leaves other than by finishing.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 import msgspec
 
 from tokenplane.core.ttft import PoolTtft, free_kv_bytes
-from tokenplane.core.views import InstanceView, RequestInfo
+from tokenplane.core.views import InstanceView
+from tokenplane.sim.decode_run import DecodeRuns
 from tokenplane.sim.kvcache import KVCache
 from tokenplane.sim.lora import AdapterSlots
-from tokenplane.sim.records import InstanceRecord, RequestRecord, TbtHistogram
+from tokenplane.sim.records import InstanceRecord, TbtHistogram
+from tokenplane.sim.seq_release import SeqRelease
+from tokenplane.sim.sequence import DECODE as DECODE
+from tokenplane.sim.sequence import DONE as DONE
+from tokenplane.sim.sequence import PREFILL as PREFILL
+from tokenplane.sim.sequence import WAITING as WAITING
+from tokenplane.sim.sequence import EngineConfig as EngineConfig
+from tokenplane.sim.sequence import FinishFn as FinishFn
+from tokenplane.sim.sequence import ScheduleFn as ScheduleFn
+from tokenplane.sim.sequence import Seq as Seq
+from tokenplane.sim.sequence import StepTimes as StepTimes
+from tokenplane.sim.sequence import TokenFn as TokenFn
+from tokenplane.sim.sequence import _ignore_finish as _ignore_finish
 from tokenplane.sim.workloads.base import RequestSpec
-
-
-class StepTimes(Protocol):
-    decode_kv_s_per_token: float
-    prefill_s_per_pair: float
-
-    def linear_time(self, num_tokens: int) -> float: ...
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    kv_capacity_tokens: int = 400_000
-    enable_prefix_caching: bool = True
-    max_model_len: int | None = None
-    static_batch_size: int = 32
-    max_adapters: int = 0  # LoRA slots (0: no LoRA; requests' adapters are ignored)
-    adapter_load_s: float = 0.0  # stall of the step that loads a missing adapter
-
-    def __post_init__(self) -> None:
-        if min(self.max_num_seqs, self.max_num_batched_tokens, self.block_size, self.kv_capacity_tokens) <= 0:
-            raise ValueError("engine limits must be positive")
-
-
-WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
 
 _replace = msgspec.structs.replace
 _NO_ADAPTERS: frozenset[str] = frozenset()
 
 
-class Seq:
-    """One request inside an engine; mutable, private to the simulator."""
-
-    __slots__ = (
-        "computed",
-        "ctx0",
-        "epoch",
-        "finish_step",
-        "generated",
-        "hashes",
-        "hblock",
-        "held",
-        "info",
-        "last_token_s",
-        "nbh",
-        "private",
-        "prompt",
-        "record",
-        "residue",
-        "sent_s",
-        "spec",
-        "state",
-        "step0",
-        "uid",
-        "waiting_ahead",
-    )
-
-    def __init__(
-        self, uid: int, spec: RequestSpec, info: RequestInfo, record: RequestRecord, bs: int
-    ) -> None:
-        self.uid = uid
-        self.spec = spec
-        self.info = info
-        self.record = record
-        self.prompt = spec.prompt_tokens
-        hb = spec.hash_block_tokens
-        usable = bool(spec.block_hashes) and hb >= bs and hb % bs == 0
-        self.hashes = spec.block_hashes if usable else ()
-        self.hblock = hb if usable else 1
-        self.nbh = hb // bs if usable else 0
-        self.computed = 0
-        self.generated = 0
-        self.held = 0
-        self.private = 0
-        self.state = WAITING
-        self.epoch = 0
-        self.step0 = 0
-        self.ctx0 = 0
-        self.finish_step = 0
-        self.residue = 0
-        self.last_token_s = 0.0
-        self.sent_s = 0.0  # when it was submitted to its engine, and the queue it found there:
-        self.waiting_ahead = 0  # its first token feeds the pool's TTFT model with both
-
-
-FinishFn = Callable[[Seq, float], None]
-TokenFn = Callable[[Seq, float], None]
-ScheduleFn = Callable[[float, Callable[[float, object], None], object], None]
-
-
-def _ignore_finish(seq: Seq, now: float) -> None:
-    """An engine not yet bound to a fleet reports finishes nowhere."""
-
-
-class ContinuousEngine:
+class ContinuousEngine(DecodeRuns, SeqRelease):
     """One instance: owns its queue, batch and KV cache; the fleet drives it through events."""
 
     # Slots make the hot attribute reads cheap (more than 30 instance attributes do not fit a
-    # shared-key instance dict); ``__dict__`` stays so that subclasses and tests may add attributes.
+    # shared-key instance dict); the mixins have no ``__slots__``, so instances keep a ``__dict__``
+    # and subclasses and tests may add attributes.
     __slots__ = (
-        "__dict__",
         "_batch",
         "_in_run",
         "_on_finish",
@@ -295,72 +211,6 @@ class ContinuousEngine:
         if self.busy and self._in_run:
             self._interrupt(now, force=True)
 
-    def fail_all(self, now: float) -> list[Seq]:
-        """The instance is lost: every request in it fails and its KV cache is gone."""
-        lost = [*self.running.values(), *self.waiting]
-        done_steps = self._completed_steps(now) if self._in_run else 0
-        for seq in lost:
-            if seq.state == DECODE:  # count what it streamed before the loss
-                seq.generated += self.dsteps + done_steps - seq.step0
-            seq.state = DONE
-            seq.epoch += 1
-        self.running.clear()
-        self.prefilling.clear()
-        self.waiting.clear()
-        self.dec_heap.clear()
-        self.residues = [0] * self.bs
-        self.n_dec = self.sum_ctx = 0
-        self.outstanding_tokens = 0
-        self.kv = KVCache(self.kv.total_blocks, self.bs, prefix_caching=self.kv.prefix_caching)
-        if self.lora is not None:
-            self.lora.clear()
-        self.version += 1
-        if self.busy:
-            self.busy = False
-            self.record.busy_s += now - self.busy_since
-        self._in_run = False
-        self._batch = []
-        self.changed.add(self.index)
-        return lost
-
-    def _completed_steps(self, now: float) -> int:
-        """Steps of the decode run in flight that have finished by ``now``."""
-        lo, hi = 0, self._run_k  # largest m with run_time(m) <= elapsed
-        elapsed = now - self._run_start
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._run_time(mid) <= elapsed:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def abort(self, seq: Seq, now: float) -> bool:
-        """Drop a request (its client went away); False if it already finished."""
-        if seq.state == DONE:
-            return False
-        if seq.state == WAITING:
-            try:
-                self.waiting.remove(seq)
-            except ValueError:
-                return False
-        else:
-            inflight = int(seq.state == DECODE and self.busy and not self._in_run)
-            if inflight:
-                self._run_n -= 1
-            elif seq.state == DECODE and self._in_run:
-                # The planned run keeps its timing; its end must not advance this sequence.
-                self._run_dropped += 1
-            self._release(seq, inflight)
-        seq.state = DONE
-        self.outstanding_tokens -= seq.spec.prompt_tokens + seq.info.max_output_tokens
-        self.changed.add(self.index)
-        if not self.running and not self.waiting and self.busy:
-            self.version += 1  # cancel the planned step; nothing is left to run
-            self.busy = False
-            self.record.busy_s += now - self.busy_since
-        return True
-
     def view(self) -> InstanceView:
         # Views are rebuilt at every state change the router may see: copy the fields that never
         # change from a template (cheaper than building all of them, labels' factory included).
@@ -394,63 +244,6 @@ class ContinuousEngine:
         return self.kv.match(hashes, (spec.prompt_tokens - 1) // hb) * hb
 
     # -- KV helpers ----------------------------------------------------------------------------
-    def _dec_blocks(self, k: int) -> int:
-        """Blocks the decoders need to advance ``k`` more steps.
-
-        A decoder whose context ``c`` has ``q = c % bs`` needs a new block at step ``i`` when
-        ``(q + i) % bs == 1``: every ``bs`` steps, plus once more in the last ``k % bs`` steps iff
-        ``(-q) % bs < k % bs``. Decoders are counted per residue ``r = (c - dsteps) % bs``, which
-        stays fixed as both advance together, so ``q = (dsteps + r) % bs``.
-        """
-        bs = self.bs
-        full, rem = divmod(k, bs)
-        total = self.n_dec * full
-        if rem:
-            # The residues ``(-j - dsteps) % bs`` for ``j < rem`` form a cyclic window of ``rem``
-            # entries ending at ``(-dsteps) % bs``: sum it as one or two slices.
-            residues = self.residues
-            end = (-self.dsteps) % bs + 1
-            start = end - rem
-            if start >= 0:
-                total += sum(residues[start:end])
-            else:
-                total += sum(residues[:end]) + sum(residues[start:])
-        return total
-
-    def _release(self, seq: Seq, inflight: int = 0) -> None:
-        """Free what ``seq`` holds; ``inflight=1`` when a planned step already allocated for it."""
-        kv = self.kv
-        if seq.state == DECODE:
-            ctx = seq.ctx0 + (self.dsteps - seq.step0)
-            private = -(-(ctx + inflight) // self.bs) - seq.held * seq.nbh
-            self.residues[seq.residue] -= 1
-            self.n_dec -= 1
-            self.sum_ctx -= ctx
-            seq.generated += self.dsteps - seq.step0
-        else:
-            private = seq.private
-        kv.release_private(private)
-        if seq.held:
-            kv.release(seq.hashes[: seq.held])
-        seq.private = 0
-        seq.held = 0
-        seq.epoch += 1
-        if self.running.pop(seq.uid, None) is not None and self.lora is not None and seq.spec.adapter:
-            self.lora.release(seq.spec.adapter)
-        self.prefilling.pop(seq.uid, None)
-
-    def _preempt_newest(self, now: float) -> None:
-        uid = next(reversed(self.running))
-        seq = self.running[uid]
-        if seq.state == DECODE:
-            seq.last_token_s = now  # preemption happens at a step boundary, when it last emitted
-        self._release(seq)
-        seq.prompt = seq.spec.prompt_tokens + seq.generated
-        seq.computed = 0
-        seq.state = WAITING
-        seq.record.preemptions += 1
-        self.waiting.appendleft(seq)
-
     # -- planning ------------------------------------------------------------------------------
     def _start_busy(self, now: float) -> None:
         self.busy = True
@@ -512,8 +305,10 @@ class ContinuousEngine:
                 if n:
                     kv.acquire(seq.hashes[:n])
             hit = n * seq.hblock
+            if seq.remote:  # its KV arrived from a prefill instance: only the rest is computed
+                hit = seq.remote
             c = min(seq.prompt - hit, budget)
-            need = -(-(hit + c) // bs) - n * seq.nbh
+            need = -(-(hit + c) // bs) - n * seq.nbh - seq.private
             if not kv.allocate(need):
                 if n:
                     kv.release(seq.hashes[:n])
@@ -524,7 +319,7 @@ class ContinuousEngine:
                 stall += lora.admit(adapter)
                 self.record.adapter_loads += lora.loads - loads
             seq.held = n
-            seq.private = need
+            seq.private += need  # 0 before, unless blocks were reserved for a KV transfer
             seq.computed = hit
             seq.state = PREFILL
             self.running[seq.uid] = seq
@@ -557,98 +352,10 @@ class ContinuousEngine:
         self._schedule(now + dt, self._end_step, self.version)
         return True
 
-    def _plan_run(self, now: float) -> None:
-        heap = self.dec_heap
-        while heap and (heap[0][3].epoch != heap[0][1] or heap[0][3].state != DECODE):
-            heapq.heappop(heap)
-        k = heap[0][0] - self.dsteps
-        avail = self.kv.available
-        # Each decoder needs at most k // bs + 1 blocks in k steps: skip the exact count when even
-        # that bound fits (the common case; _end_run counts exactly what it allocates).
-        if self.n_dec * (k // self.bs + 1) > avail and self._dec_blocks(k) > avail:
-            lo, hi = 0, k  # largest j with need(j) <= avail
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if self._dec_blocks(mid) <= avail:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k = lo
-            if k == 0:
-                self._plan_step(now, force=True)
-                return
-        n, c, slow, model = self.n_dec, self.sum_ctx, self.slow, self.model
-        a = model.linear_time(n) * slow
-        b = model.decode_kv_s_per_token * slow
-        self._run_dropped = 0
-        self._run_start = now
-        self._run_k = k
-        self._run_n = n
-        self._run_a = a
-        self._run_b = b
-        self._run_c = c
-        self._in_run = True
-        self._schedule(now + self._run_time(k), self._end_run, self.version)
-
-    def _run_time(self, m: int) -> float:
-        b = self._run_b
-        return m * self._run_a + b * (m * self._run_c + self._run_n * m * (m - 1) / 2)
-
-    def _interrupt(self, now: float, force: bool = False) -> None:
-        """An arrival during a decode run: stop the run at the step boundary after ``now``."""
-        elapsed = now - self._run_start
-        if elapsed <= 0:
-            m = 0
-        else:
-            b = self._run_b
-            qa = b * self._run_n / 2
-            qb = self._run_a + b * self._run_c - qa
-            if qa > 0:
-                m = math.ceil((-qb + math.sqrt(qb * qb + 4 * qa * elapsed)) / (2 * qa))
-            else:
-                m = math.ceil(elapsed / qb)
-            k = self._run_k
-            m = 0 if m < 0 else (k if m > k else m)
-            while m > 0 and self._run_time(m - 1) >= elapsed:
-                m -= 1
-            while m < k and self._run_time(m) < elapsed:
-                m += 1
-        if m >= self._run_k and not force:
-            return
-        self.version += 1
-        self._run_k = m
-        self._schedule(self._run_start + self._run_time(m), self._end_run, self.version)
-
     # -- event handlers ------------------------------------------------------------------------
     def _wake(self, now: float, version: object) -> None:
         if version == self.version:
             self._plan(now)
-
-    def _end_run(self, now: float, version: object) -> None:
-        if version != self.version:
-            return
-        k, n = self._run_k, self._run_n
-        live = n - self._run_dropped  # decoders still in the batch (aborts leave the timing as planned)
-        self._in_run = False
-        if k:
-            if not self.kv.allocate(self._dec_blocks(k)):  # pragma: no cover - planned to fit
-                raise RuntimeError("decode run overran the KV cache")
-            a, b, c = self._run_a, self._run_b, self._run_c
-            first = a + b * c
-            last = a + b * (c + (k - 1) * n)
-            if last <= first * 1.02 or k < 4:
-                self.tbt.add((first + last) / 2, k * live)
-            else:
-                quarter = k // 4
-                for i in range(4):
-                    steps = quarter if i < 3 else k - 3 * quarter
-                    mid = a + b * (c + (i * quarter + steps / 2) * n)
-                    self.tbt.add(mid, steps * live)
-            self.dsteps += k
-            self.sum_ctx += live * k
-            self.record.steps += k
-            self._finish_due(now)
-        self._plan(now)
 
     def _end_step(self, now: float, version: object) -> None:
         if version != self.version:

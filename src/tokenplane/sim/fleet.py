@@ -19,19 +19,24 @@ and ``predicted_ttft_s`` from its model pool's :class:`~tokenplane.core.ttft.Poo
 fleet shares between the pool's engines (:meth:`Fleet.pool_ttft`) and which their first tokens
 feed, as the gateway fills both.
 
+The request path's fixed cost (``request_path_s``, scenario ``request_path.first_chunk_s``) is
+charged where a request enters: each arrival and follow-up reaches the dispatcher that much after
+its client sent it, and :meth:`Fleet.open_record` dates the record from the send, so every
+dispatcher's TTFT and end-to-end latency include it without knowing of it.
+
 With ``precise_kv`` the fleet fills ``RequestInfo.cached_prefix_tokens`` from each engine's own
 prefix cache (:meth:`Engine.cached_prefix_tokens`), as the gateway does from vLLM's KV events.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tokenplane.core.routing.base import Router
 from tokenplane.core.ttft import PoolTtft
-from tokenplane.core.views import InstanceView, RequestInfo, WorkflowContext
+from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, WorkflowContext
 from tokenplane.sim.engine import FinishFn, Seq
 from tokenplane.sim.kernel import EventLoop
 from tokenplane.sim.records import InstanceRecord, InstanceSample, RequestRecord, TbtHistogram
@@ -78,6 +83,7 @@ class FleetContext:
     tbt: TbtHistogram
     sample_interval_s: float = 10.0
     precise_kv: bool = False
+    request_path_s: float = 0.0  # client + HTTP + gateway to the first chunk (scenario.RequestPathSettings)
 
 
 @dataclass(slots=True)
@@ -101,6 +107,7 @@ class Fleet:
         self.bs = ctx.block_size
         self.tbt = ctx.tbt
         self.precise_kv = ctx.precise_kv
+        self.path_s = ctx.request_path_s
         self.after_finish: FinishFn | None = None  # called after the fleet's own ``on_finish``
         self._changed: set[int] = set()
         for i, e in enumerate(self.engines):
@@ -138,7 +145,7 @@ class Fleet:
     def _next_arrival(self) -> None:
         spec = next(self._arrivals, None)
         if spec is not None:
-            self.loop.schedule(spec.arrival_s, self._on_arrival, spec)
+            self.loop.schedule(spec.arrival_s + self.path_s, self._on_arrival, spec)
         else:
             self.arrivals_done = True
 
@@ -147,7 +154,8 @@ class Fleet:
         self._admit(now, spec)
 
     def open_record(self, now: float, spec: RequestSpec) -> RequestRecord:
-        """Note an arrived request (its workflow, its own budget) and open its record."""
+        """Note an arrived request (its workflow, its own budget) and open its record, dated from
+        its client's send (``now`` less the request path's cost)."""
         self.last_activity = now
         if spec.workflow is not None:
             self.workflows[spec.request_id] = spec.workflow
@@ -156,7 +164,7 @@ class Fleet:
         rec = RequestRecord(
             request_id=spec.request_id,
             tenant=spec.tenant,
-            arrival_s=now,
+            arrival_s=now - self.path_s,
             prompt_tokens=spec.prompt_tokens,
             output_tokens=spec.output_tokens,
             prefix_bound_tokens=self._prefix_bound(spec) if spec.block_hashes else 0,
@@ -204,20 +212,7 @@ class Fleet:
         return out
 
     def _prefix_bound(self, spec: RequestSpec) -> int:
-        """Prompt tokens one infinite cache shared by the fleet would hold for ``spec``."""
-        hashes = spec.block_hashes
-        if not hashes:
-            return 0
-        seen = self._seen_hashes
-        hb = spec.hash_block_tokens
-        limit = (spec.prompt_tokens - 1) // hb
-        n = 0
-        for h in hashes:
-            if n >= limit or h not in seen:
-                break
-            n += 1
-        seen.update(hashes)
-        return n * hb
+        return prefix_bound(spec, self._seen_hashes)
 
     def _finished(self, seq: Seq, now: float) -> None:
         self._on_finish(seq, now)
@@ -227,7 +222,7 @@ class Fleet:
     def followups(self, spec: RequestSpec, now: float, *, ok: bool) -> None:
         """Schedule what the workload sends next now that ``spec`` ended (an agent's next step)."""
         for nxt in self.workload.on_finished(spec, now, ok):
-            self.loop.schedule(max(nxt.arrival_s, now), self._on_followup, nxt)
+            self.loop.schedule(max(nxt.arrival_s, now) + self.path_s, self._on_followup, nxt)
 
     def _on_followup(self, now: float, spec: RequestSpec) -> None:
         self._admit(now, spec)
@@ -281,21 +276,7 @@ class DirectDispatch:
     def admit(self, now: float, spec: RequestSpec) -> None:
         fleet = self.fleet
         rec = fleet.open_record(now, spec)
-        info = RequestInfo(
-            request_id=str(spec.request_id),
-            model=spec.model or fleet.model,
-            prompt_tokens=spec.prompt_tokens,
-            max_output_tokens=spec.max_output_tokens or spec.output_tokens,
-            block_hashes=spec.block_hashes,
-            hash_block_tokens=spec.hash_block_tokens,
-            tenant=spec.tenant,
-            arrival_s=now,
-            workflow=spec.workflow,
-            priority=spec.priority,
-            latency_budget_s=spec.latency_budget_s,
-            adapter=spec.adapter,
-            cached_prefix_tokens=fleet.cached_prefix(spec) if fleet.precise_kv else None,
-        )
+        info = request_info(spec, now, fleet.model, fleet.cached_prefix(spec) if fleet.precise_kv else None)
         decision = self.router.select(info, fleet.fresh_views(), now=now)
         rec.route_reason = str(decision.reason)  # a StrEnum: its value, cheaper than ``.value``
         if decision.instance_id is None:
@@ -335,3 +316,41 @@ class DirectDispatch:
 
     def report_extra(self) -> dict[str, Any]:
         return {}
+
+
+def request_info(
+    spec: RequestSpec, now: float, default_model: str, cached: Mapping[InstanceId, int] | None
+) -> RequestInfo:
+    """The core's view of one arriving request, as every twin dispatcher builds it."""
+    return RequestInfo(
+        request_id=str(spec.request_id),
+        model=spec.model or default_model,
+        prompt_tokens=spec.prompt_tokens,
+        max_output_tokens=spec.max_output_tokens or spec.output_tokens,
+        block_hashes=spec.block_hashes,
+        hash_block_tokens=spec.hash_block_tokens,
+        tenant=spec.tenant,
+        arrival_s=now,
+        workflow=spec.workflow,
+        priority=spec.priority,
+        latency_budget_s=spec.latency_budget_s,
+        adapter=spec.adapter,
+        cached_prefix_tokens=cached,
+    )
+
+
+def prefix_bound(spec: RequestSpec, seen: set[int]) -> int:
+    """Prompt tokens one infinite cache shared by the fleet would hold for ``spec`` (``seen``: every
+    block hash sent so far; updated)."""
+    hashes = spec.block_hashes
+    if not hashes:
+        return 0
+    hb = spec.hash_block_tokens
+    limit = (spec.prompt_tokens - 1) // hb
+    n = 0
+    for h in hashes:
+        if n >= limit or h not in seen:
+            break
+        n += 1
+    seen.update(hashes)
+    return n * hb

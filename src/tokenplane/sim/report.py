@@ -336,6 +336,7 @@ def build_run_report(
         "gpu_cost_usd": gpu_cost,
         "cost_per_million_tokens": _ratio(gpu_cost, tokens / 1e6),
         "cost_per_request_usd": _ratio(gpu_cost, completed),
+        "cost_per_slo_met_usd": _ratio(gpu_cost, met),  # cost per successful request (within the SLO)
         "preemptions": agg.preemptions,
         "adapter_loads": sum(i.adapter_loads for i in instances),
         "instances": len(instances),
@@ -481,3 +482,6 @@ def print_summary(runs: Mapping[str, Mapping[str, Any]], console: Console | None
 
         console = Console()
     console.print(summary_table(runs))
+    from tokenplane.sim.disagg_report import print_comparison
+
+    print_comparison(runs, console)

@@ -33,7 +33,7 @@ from tokenplane.core.views import InstanceView, RequestInfo, RouteDecision, Rout
 from tokenplane.sim.controls import ControlHooks, CoreControls, avoid_tried
 from tokenplane.sim.engine import ContinuousEngine, Seq
 from tokenplane.sim.faults import ClientSpec, ControlSpec, FaultSpec
-from tokenplane.sim.fleet import Engine, Fleet
+from tokenplane.sim.fleet import Engine, Fleet, request_info
 from tokenplane.sim.records import RequestRecord
 from tokenplane.sim.retry_driver import PlanDriver, RetryPlanner
 from tokenplane.sim.workloads.base import RequestSpec
@@ -165,21 +165,8 @@ class ResilientDispatch:
 
     def _info(self, spec: RequestSpec, arrival_s: float) -> RequestInfo:
         """What the router and the plan know of one attempt of ``spec``."""
-        return RequestInfo(
-            request_id=str(spec.request_id),
-            model=spec.model or self.model,
-            prompt_tokens=spec.prompt_tokens,
-            max_output_tokens=spec.max_output_tokens or spec.output_tokens,
-            block_hashes=spec.block_hashes,
-            hash_block_tokens=spec.hash_block_tokens,
-            tenant=spec.tenant,
-            arrival_s=arrival_s,
-            workflow=spec.workflow,
-            priority=spec.priority,
-            latency_budget_s=spec.latency_budget_s,
-            adapter=spec.adapter,
-            cached_prefix_tokens=self.fleet.cached_prefix(spec) if self.fleet.precise_kv else None,
-        )
+        cached = self.fleet.cached_prefix(spec) if self.fleet.precise_kv else None
+        return request_info(spec, arrival_s, self.model, cached)
 
     def _plan_ended(self, now: float, p: _Pending, result: PlanResult) -> None:
         over_budget = result.reason in (RetryReason.BUDGET_REQUESTS, RetryReason.BUDGET_TOKENS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -92,6 +93,8 @@ def simulate(
     engines: list[Engine] = []
     timings: list[Timings] = []
     prices: dict[str, TokenCosts] = {}
+    roles: dict[str, str] = {}  # instance id -> prefill, decode or mixed (disaggregation)
+    kv_bytes: dict[str, float] = {}
     block_size = 16
     for group in groups:
         gpu = catalog.gpu(group.gpu)
@@ -110,6 +113,8 @@ def simulate(
         for i in range(group.instances):
             iid = f"{prefix}-{i}"
             prices[iid] = costs
+            roles[iid] = group.role
+            kv_bytes[iid] = model.kv_bytes_per_token
             engines.append(
                 engine_cls(
                     iid,
@@ -135,8 +140,9 @@ def simulate(
         tbt=tbt,
         sample_interval_s=run.sample_interval_s,
         precise_kv=run.routing.precise_kv,
+        request_path_s=run.request_path.first_chunk_s,
     )
-    fleet = build_fleet(run, ctx, prices)
+    fleet = build_fleet(run, ctx, prices, roles=roles, kv_bytes=kv_bytes)
     stream: RecordStream | None = None
     if aggregate is not None:
         if run.autoscaler is not None:
@@ -200,9 +206,23 @@ def simulate(
     return result
 
 
-def build_fleet(run: RunSettings, ctx: FleetContext, prices: dict[str, TokenCosts]) -> Fleet:
-    """The fleet with the request path a run's settings ask for: the bare path, or clients, faults
-    and the control plane (with an admission gate when the run has ``admission``)."""
+def build_fleet(
+    run: RunSettings,
+    ctx: FleetContext,
+    prices: dict[str, TokenCosts],
+    *,
+    roles: dict[str, str] | None = None,
+    kv_bytes: dict[str, float] | None = None,
+) -> Fleet:
+    """The fleet with the request path a run's settings ask for: the bare path, the disaggregated
+    one (prefill and decode pools, ``disaggregation``), or clients, faults and the control plane
+    (with an admission gate when the run has ``admission``)."""
+    if run.disaggregation is not None:
+        if run.admission is not None or run.clients is not None or run.controls is not None:
+            raise ValueError("disaggregation does not combine with admission, clients or controls yet")
+        from tokenplane.sim.disagg_dispatch import DisaggDispatch
+
+        return Fleet(ctx, DisaggDispatch(run.disaggregation, roles or {}, kv_bytes or {}, run.faults))
     if run.admission is None and not run.resilient:
         return Fleet(ctx)
     gate = None
@@ -245,10 +265,11 @@ def run_scenario(
     progress: Callable[[str], ProgressFn | None] | None = None,
     catalog: Catalog | None = None,
     stream_records: bool = False,
+    records_file: Callable[[str], Path] | None = None,
 ) -> dict[str, RunOutcome]:
     """Simulate each run and build its report. ``catalog`` (default: the built-in one) is the base
     that the scenario's own ``catalog:`` section is merged into; ``stream_records`` streams the
-    records (see :func:`simulate`)."""
+    records (see :func:`simulate`), each run's to the file ``records_file(run_name)`` when given."""
     catalog = catalog or Catalog.default()
     if scenario.catalog:
         catalog = catalog.with_overrides(scenario.catalog)
@@ -260,13 +281,16 @@ def run_scenario(
         agg = RunAggregate(slo)
         started = time.perf_counter()
         if stream_records:
-            result = simulate(
-                run,
-                catalog=catalog,
-                workload=workload,
-                progress=progress(run.name) if progress else None,
-                aggregate=agg,
-            )
+            with contextlib.ExitStack() as files:
+                out = None if records_file is None else files.enter_context(records_file(run.name).open("wb"))
+                result = simulate(
+                    run,
+                    catalog=catalog,
+                    workload=workload,
+                    progress=progress(run.name) if progress else None,
+                    aggregate=agg,
+                    records_out=out,
+                )
         else:
             result = simulate(
                 run, catalog=catalog, workload=workload, progress=progress(run.name) if progress else None

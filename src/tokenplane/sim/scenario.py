@@ -23,17 +23,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.routing import build_router
 from tokenplane.sim.catalog import Catalog, UnknownHardware
+from tokenplane.sim.disagg import DisaggSettings, check_disaggregation
 from tokenplane.sim.errors import ScenarioError as ScenarioError
 from tokenplane.sim.errors import WorkloadConfigError
 from tokenplane.sim.faults import ClientSpec, ControlSpec, FaultSpec
 from tokenplane.sim.lora import LoraSettings
 from tokenplane.sim.workloads.factory import check_workload_config
+from tokenplane.sim.yaml_file import read_yaml
 
 
 class EngineSettings(BaseModel):
@@ -85,6 +86,7 @@ class FleetGroup(BaseModel):
     expert_parallel: bool = False  # a MoE model's experts spread whole over the tp GPUs (all-to-all)
     price_per_hour: float | None = Field(None, ge=0)
     state: Literal["warm", "cold"] = "warm"
+    role: Literal["mixed", "prefill", "decode"] = "mixed"  # prefill/decode disaggregation (sim/disagg.py)
     engine: EngineSettings = Field(default_factory=lambda: EngineSettings())
     lifecycle: LifecycleSettings = Field(default_factory=lambda: LifecycleSettings())
 
@@ -237,6 +239,29 @@ class RoutingSettings(BaseModel):
     precise_kv: bool = False
 
 
+class RequestPathSettings(BaseModel):
+    """The fixed cost of the request path outside the engines (scenario key ``request_path``).
+
+    ``first_chunk_s``: what the client, HTTP and the gateway add to every request's time to its
+    first chunk on an idle fleet (serialising and sending the request, parsing and routing it,
+    relaying the first chunk, decoding it). The twin charges it where a request enters: the fleet
+    receives a request ``first_chunk_s`` after its client sent it, and the record's arrival is the
+    send time. So TTFT and end-to-end latency include it, TBT does not, and a closed-loop user's
+    next step waits for it. It is charged once per request, not per retry.
+
+    Default 0: the twin's latencies are then the fleet's own (from the request's arrival at the
+    gateway), as before this setting existed; a real deployment's path depends on its network,
+    gateway and clients. Source of a figure: ``tokenplane rehearse`` measures it on the live stack
+    (idle instances, a few requests: client TTFT minus the emulator's own TTFT) and runs the twin
+    with it; on the 2-core development machine it was a few milliseconds (``bench/rehearse.py
+    --client-cost`` measured ~6 ms for the openai client and the HTTP hop alone).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    first_chunk_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+
 class SloSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -263,6 +288,8 @@ class RunSettings(BaseModel):
     autoscaler: AutoscalerSettings | None = None
     admission: AdmissionSettings | None = None
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    disaggregation: DisaggSettings | None = None
+    request_path: RequestPathSettings = Field(default_factory=RequestPathSettings)
 
     @property
     def resilient(self) -> bool:
@@ -289,6 +316,8 @@ class _ScenarioFile(BaseModel):
     autoscaler: dict[str, Any] | None = None
     admission: dict[str, Any] | None = None
     routing: dict[str, Any] = Field(default_factory=dict)
+    disaggregation: dict[str, Any] | None = None
+    request_path: dict[str, Any] = Field(default_factory=dict)
     runs: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -318,6 +347,8 @@ _RUN_KEYS = {
     "autoscaler",
     "admission",
     "routing",
+    "disaggregation",
+    "request_path",
 }
 
 
@@ -363,6 +394,8 @@ def parse_scenario(raw: Any, *, source: str | None = None, catalog: Catalog | No
         "autoscaler": base.autoscaler,
         "admission": base.admission,
         "routing": base.routing,
+        "disaggregation": base.disaggregation,
+        "request_path": base.request_path,
     }
     runs_raw = base.runs or [{"name": router_label(base.router)}]
     runs: list[RunSettings] = []
@@ -389,6 +422,7 @@ def parse_scenario(raw: Any, *, source: str | None = None, catalog: Catalog | No
         # the workload's fields (trace files are opened only when the run starts).
         try:
             build_router(merged["router"], random.Random(0))
+            check_disaggregation([g.role for g in runs[-1].fleet.resolved_groups()], runs[-1].disaggregation)
             check_workload_config(merged["workload"])
             _check_lifecycle(runs[-1], base.catalog, catalog)
             if runs[-1].admission is not None:
@@ -425,12 +459,7 @@ def _check_lifecycle(run: RunSettings, catalog: Mapping[str, Any], base: Catalog
 
 def load_scenario(path: str | Path, catalog: Catalog | None = None) -> Scenario:
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ScenarioError(f"{p}: cannot read: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{p}: invalid YAML: {exc}") from exc
+    raw = read_yaml(p, ScenarioError)
     return parse_scenario(raw, source=str(p), catalog=catalog)
 
 
