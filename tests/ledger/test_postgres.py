@@ -331,3 +331,34 @@ def test_reads_are_served_at_once_on_the_pool(pg_url: str) -> None:
         await ledger.aclose()
 
     asyncio.run(main())
+
+
+def test_the_migrations_build_the_tables_of_the_sqlite_schema(pg_url: str) -> None:
+    """The schema is written twice (``ledger/schema.py`` for SQLite, the migrations for PostgreSQL:
+    a released migration is never edited, so it cannot be rendered from a schema that moves on).
+    This keeps the two from drifting: the same tables, the same columns in the same order, the same
+    nullability; PostgreSQL alone has ``ledger_migrations`` and the attempts' idempotency keys."""
+    import sqlite3
+
+    from tokenplane.ledger.schema import SCHEMA_SQL
+
+    lite = sqlite3.connect(":memory:")
+    lite.executescript(SCHEMA_SQL)
+    tables = [r[0] for r in lite.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    want = {
+        t: [(c[1], bool(c[3] or c[5])) for c in lite.execute(f"PRAGMA table_info({t})")]
+        for t in tables
+        if t != "ledger_meta"  # SQLite's own schema version; PostgreSQL records ledger_migrations
+    }
+    want["ledger_attempts"].append(("write_id", False))
+    PostgresLedger(pg_url, timeout_s=5.0).close()  # applies the migrations
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute(
+            b"SELECT table_name, column_name, is_nullable FROM information_schema.columns"
+            b" WHERE table_schema = current_schema() AND table_name <> 'ledger_migrations'"
+            b" ORDER BY table_name, ordinal_position"
+        ).fetchall()
+    got: dict[str, list[tuple[str, bool]]] = {}
+    for table, column, nullable in rows:
+        got.setdefault(str(table), []).append((str(column), nullable == "NO"))
+    assert got == want

@@ -193,6 +193,13 @@ class VllmProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
+    def freeze(self) -> None:
+        """SIGSTOP the whole group: the engine stops mid-step and writes nothing more until `thaw`."""
+        self._signal_group(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self._signal_group(signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL the whole group at once: a crash, for failure tests. Returns when the server is dead."""
         if self.proc is None:

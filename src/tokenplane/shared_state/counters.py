@@ -8,6 +8,10 @@ every ``sync_interval_s`` (0.1 s) in one script call per store, off the request 
 (:data:`~tokenplane.shared_state.scripts.SYNC`): it pushes this replica's deltas since the last sync
 and pulls the others' sums, kept in one-second buckets.
 
+A store this replica has neither read nor written since its last sync is not synced (no script
+call every 0.1 s for an idle replica): when it is used again, its first reads may see the others'
+part as of its last sync, until the next one (at most one period later).
+
 Staleness: the other replicas' part lags by at most one sync period plus a round trip, so a budget
 may be overspent by what the other replicas spend in that time, never more; at the window's far end
 the others' adds leave it a whole second at a time. While Redis is unavailable the others' part is
@@ -28,17 +32,21 @@ class SyncedCounterStore:
         self.local = SlidingWindowCounterStore(window_s)
         self.remote: dict[str, float] = {}
         self.pending: dict[str, float] = {}
+        self.touched = False
+        """Read or written since the last sync (the sync loop skips the store otherwise)."""
 
     @property
     def window_s(self) -> float:
         return self.local.window_s
 
     def add(self, key: str, delta: float, *, now: float) -> float:
+        self.touched = True
         total = self.local.add(key, delta, now=now)
         self.pending[key] = self.pending.get(key, 0.0) + delta
         return total + self.remote.get(key, 0.0)
 
     def get(self, key: str, *, now: float) -> float:
+        self.touched = True
         remote = self.remote.get(key)
         if remote is None:
             self.remote[key] = remote = 0.0  # known from now on: the next sync pulls it

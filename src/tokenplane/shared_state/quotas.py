@@ -1,17 +1,24 @@
 """Per-minute request and token limits, and the decisions the quota stage acts on.
 
-A limit is a sliding window of one minute approximated by two fixed one-minute buckets (the
-method of Cloudflare's and Redis's rate limiters): at a point ``f`` of the way through the current
-bucket, what was used is ``previous × (1 − f) + current``. It needs two numbers per key and
-minute, whatever the traffic, and it is exact when traffic is even over the previous minute; a
-burst at the end of the previous minute is under-counted by at most what the fixed buckets would
-miss. A request is refused when its one request would take the requests used past ``rpm``, or
-when the tokens used already reach ``tpm`` (a request's tokens are known only as it runs: its
-prompt is charged when it is admitted, its completion when it ends).
+A limit holds over every sliding minute, not only over fixed ones. The window is cut into
+:data:`SLOTS` slots (2 s each for a minute); what was used is the sum of the current slot and the
+``SLOTS`` before it, kept as a running total with one number per slot (at most ``SLOTS + 1`` per
+key, whatever the traffic). That span always covers the last whole window, so what is admitted
+within any sliding window never passes the limit (the previous design, two fixed buckets weighted
+by their overlap, let a burst at a bucket's start count as spread over it: up to twice the limit
+in the window that began with the burst). The span is up to one slot longer than the window, so
+under a steady overload a key gets ``SLOTS / (SLOTS + 1)`` of its limit per window (96.8 %).
 
-:class:`LocalQuotas` keeps the buckets in this process: it is the ``memory`` backend and the
+A request is refused when its one request would take the requests used past ``rpm``, or when the
+tokens used already reach ``tpm`` (a request's tokens are known only as it runs: its prompt is
+charged when it is admitted, its completion when it ends, so the tokens of requests in flight may
+pass the limit by what they are still generating).
+
+:class:`LocalQuotas` keeps the slots in this process: it is the ``memory`` backend and the
 fallback of the ``redis`` backend while Redis is unavailable (each replica then enforces the full
 limits on its own, so the fleet may admit up to replicas × the limits until Redis answers again).
+The Redis backend runs the same arithmetic in one Lua script
+(:data:`~tokenplane.shared_state.scripts.ACQUIRE`).
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 WINDOW_S = 60.0
+SLOTS = 30
+"""Slots per window: a sliding minute is counted in 2 s slots."""
 CONCURRENCY_RETRY_AFTER_S = 1.0
 
 
@@ -73,42 +82,42 @@ ADMITTED = QuotaDecision(True, QuotaReason.ADMITTED)
 ADMITTED_LOCALLY = QuotaDecision(True, QuotaReason.ADMITTED, shared=False)
 
 
-def window_used(prev: float, cur: float, now: float, window_s: float = WINDOW_S) -> float:
-    """The sliding-window estimate of what was used in the last ``window_s`` at ``now``."""
-    bucket = math.floor(now / window_s)
-    frac = (now - bucket * window_s) / window_s
-    return prev * (1.0 - frac) + cur
+class SlidingWindow:
+    """One key's slots (see the module docstring): ``total`` is what the current slot and the
+    ``SLOTS`` before it hold, after :meth:`roll` to the current slot."""
 
-
-def wait_for_room(
-    prev: float, cur: float, cost: float, limit: float, now: float, window_s: float = WINDOW_S
-) -> float:
-    """Seconds until ``cost`` more fits under ``limit`` if nothing else is used (a Retry-After)."""
-    bucket = math.floor(now / window_s)
-    frac = (now - bucket * window_s) / window_s
-    room = limit - cur - cost
-    if room >= 0 and prev > 0:  # the previous bucket's share decays enough within this bucket
-        return max(0.0, (1.0 - room / prev) - frac) * window_s
-    # wait for the next bucket: then ``cur`` becomes the previous one, decaying from its start
-    room_next = limit - cost
-    need = 1.0 if cur <= 0 else max(0.0, 1.0 - room_next / cur)
-    return (1.0 - frac) * window_s + need * window_s
-
-
-class _Buckets:
-    __slots__ = ("bucket", "cur", "prev")
+    __slots__ = ("last", "parts", "total")
 
     def __init__(self) -> None:
-        self.bucket = -1
-        self.cur = 0.0
-        self.prev = 0.0
+        self.last = -(SLOTS + 2)
+        self.parts: dict[int, float] = {}
+        self.total = 0.0
 
-    def roll(self, bucket: int) -> None:
-        if bucket == self.bucket:
+    def roll(self, cur: int) -> None:
+        if cur <= self.last:
             return
-        self.prev = self.cur if bucket == self.bucket + 1 else 0.0
-        self.cur = 0.0
-        self.bucket = bucket
+        if cur - self.last > SLOTS:
+            self.parts.clear()
+            self.total = 0.0
+        else:
+            for i in range(self.last - SLOTS, cur - SLOTS):
+                gone = self.parts.pop(i, None)
+                if gone is not None:
+                    self.total -= gone
+        self.last = cur
+
+    def add(self, cur: int, amount: float) -> None:
+        self.parts[cur] = self.parts.get(cur, 0.0) + amount
+        self.total += amount
+
+    def wait(self, need: float, cur: int, now: float, slot_s: float) -> float:
+        """Seconds until ``need`` of what is counted has left the span (a Retry-After)."""
+        freed = 0.0
+        for i in range(cur - SLOTS, cur + 1):
+            freed += self.parts.get(i, 0.0)
+            if freed >= need:
+                return (i + SLOTS + 1) * slot_s - now
+        return (cur + SLOTS + 1) * slot_s - now
 
 
 class LocalQuotas:
@@ -116,21 +125,22 @@ class LocalQuotas:
 
     def __init__(self, window_s: float = WINDOW_S, max_keys: int = 100_000) -> None:
         self.window_s = window_s
-        self._buckets: dict[str, _Buckets] = {}
+        self.slot_s = window_s / SLOTS
+        self._windows: dict[str, SlidingWindow] = {}
         self._max_keys = max_keys
 
-    def _get(self, key: str, bucket: int) -> _Buckets:
-        b = self._buckets.get(key)
-        if b is None:
-            if len(self._buckets) >= self._max_keys:
-                self._buckets.clear()  # bounded memory; forgetting only ever admits more
-            b = self._buckets[key] = _Buckets()
-        b.roll(bucket)
-        return b
+    def _get(self, key: str, cur: int) -> SlidingWindow:
+        w = self._windows.get(key)
+        if w is None:
+            if len(self._windows) >= self._max_keys:
+                self._windows.clear()  # bounded memory; forgetting only ever admits more
+            w = self._windows[key] = SlidingWindow()
+        w.roll(cur)
+        return w
 
     def acquire(self, quota: TenantQuota, key_id: str, tokens: int, now: float) -> QuotaDecision:
         """Admit (charging one request and ``tokens``) or refuse with a reason and a wait."""
-        bucket = math.floor(now / self.window_s)
+        cur = math.floor(now / self.slot_s)
         checks = (
             (QuotaReason.TENANT_RPM, "r:" + quota.tenant, quota.rpm, 1.0),
             (QuotaReason.TENANT_TPM, "t:" + quota.tenant, quota.tpm, 0.0),
@@ -140,22 +150,22 @@ class LocalQuotas:
         for reason, key, limit, cost in checks:
             if not limit:
                 continue
-            b = self._get(key, bucket)
-            used = window_used(b.prev, b.cur, now, self.window_s)
-            if (cost and used + cost > limit) or (not cost and used >= limit):
-                wait = wait_for_room(b.prev, b.cur, max(cost, 1.0), limit, now, self.window_s)
+            w = self._get(key, cur)
+            if (cost and w.total + cost > limit) or (not cost and w.total >= limit):
+                need = w.total + cost - limit if cost else w.total - limit + 1
+                wait = w.wait(need, cur, now, self.slot_s)
                 return QuotaDecision(False, reason, max(1.0, wait), shared=False)
         for _, key, limit, cost in checks:
             if limit:
-                self._get(key, bucket).cur += cost or tokens
+                self._get(key, cur).add(cur, cost or tokens)
         return ADMITTED_LOCALLY
 
     def charge(self, quota: TenantQuota, key_id: str, tokens: int, now: float) -> None:
         """Add a finished request's completion tokens to the token limits."""
         if tokens <= 0:
             return
-        bucket = math.floor(now / self.window_s)
+        cur = math.floor(now / self.slot_s)
         if quota.tpm:
-            self._get("t:" + quota.tenant, bucket).cur += tokens
+            self._get("t:" + quota.tenant, cur).add(cur, tokens)
         if quota.key_tpm:
-            self._get("kt:" + key_id, bucket).cur += tokens
+            self._get("kt:" + key_id, cur).add(cur, tokens)

@@ -7,7 +7,7 @@ What is shared, and how fresh each replica's view is:
   (:data:`~tokenplane.shared_state.scripts.ACQUIRE`), exact, no staleness. It is the request path's
   only round trip to Redis, on a pipelined connection of its own
   (:mod:`~tokenplane.shared_state.resp`); a request's end (lease freed, completion tokens charged)
-  is written with the next commands and its reply is not awaited.
+  is written with the next command (within 2 ms) and Redis sends it no reply.
 * Concurrency slots are leases (a sorted set scored by expiry), renewed every third of
   ``lease_ttl_s`` while their requests run: a replica killed with requests in flight frees its
   slots within ``lease_ttl_s`` (10 s by default), never leaking them.
@@ -66,12 +66,11 @@ from tokenplane.shared_state.quotas import (
     ADMITTED,
     CHECK_ORDER,
     CONCURRENCY_RETRY_AFTER_S,
-    WINDOW_S,
     LocalQuotas,
     QuotaDecision,
     TenantQuota,
 )
-from tokenplane.shared_state.resp import RespConnection
+from tokenplane.shared_state.resp import SEND_DELAY_S, RespConnection
 from tokenplane.shared_state.scripts import ACQUIRE, RELEASE, RENEW, SYNC, WORKING_SET
 from tokenplane.shared_state.working_set import SharedWorkingSet
 
@@ -82,6 +81,8 @@ STOP_TIMEOUT_S = 2.0
 """How long stopping waits for the background tasks and the client's close (a pub/sub connection
 closed while its task is cancelled can otherwise hold a replica's shutdown indefinitely)."""
 _FAILURES = (RedisError, OSError, TimeoutError, BackendUnavailable)
+RETRY_FULL_AFTER_S = SEND_DELAY_S + 0.002
+"""A concurrency refusal asks again after this (a release another replica sent may be on its way)."""
 
 BreakerHandler = Callable[[str, str, float], None]
 """(instance id, "open" | "closed", cooldown s) from another replica."""
@@ -120,7 +121,7 @@ class RedisState:
         self.prefix = config.key_prefix
         self.channel = config.key_prefix + "events"
         self.metrics = StateMetrics(registry)
-        self.local = LocalQuotas()
+        self.local = LocalQuotas(config.rate_window_s)
         self.up = True
         self.on_breaker: BreakerHandler | None = None
         self.on_prefix: PrefixHandler | None = None
@@ -230,13 +231,13 @@ class RedisState:
             self._key("ktpm", key_id),
         ]
         limits = (quota.concurrency, self.config.lease_ttl_s, quota.rpm, quota.tpm, quota.key_rpm)
-        acquire = self.lean.prepare(ACQUIRE, keys, [*limits, quota.key_tpm, WINDOW_S], 2)
+        acquire = self.lean.prepare(ACQUIRE, keys, [*limits, quota.key_tpm, self.config.rate_window_s], 2)
         ends = [
             keys[0] if quota.concurrency else "",
             keys[2] if quota.tpm else "",
             keys[4] if quota.key_tpm else "",
         ]
-        release = self.lean.prepare(RELEASE, ends, [WINDOW_S], 2)
+        release = self.lean.prepare(RELEASE, ends, [self.config.rate_window_s], 2)
         if len(self._encoded) >= MAX_ENCODED:
             self._encoded.clear()
         cached = self._encoded[(quota, key_id)] = (acquire, release)
@@ -248,8 +249,16 @@ class RedisState:
             self.metrics.fail_open.labels("acquire").inc()
             return self.local.acquire(quota, key_id, tokens, time.time())
         head = self._heads(quota, key_id)[0]
+        more = (member.encode(), b"%d" % tokens)
         try:
-            code, wait_ms = await self.lean.run(head, (member.encode(), b"%d" % tokens))
+            code, wait_ms = await self.lean.run(head, more)
+            if code == 1:
+                # Full: once more, a little later. A request that just ended on another replica
+                # has had its answer sent before its release reached Redis (the release waits up
+                # to SEND_DELAY_S to share a write), so a client resending at once could otherwise
+                # find its own slot still taken. Only refusals pay for this.
+                await asyncio.sleep(RETRY_FULL_AFTER_S)
+                code, wait_ms = await self.lean.run(head, more)
         except _FAILURES as exc:
             self._fail("acquire", exc)
             return self.local.acquire(quota, key_id, tokens, time.time())
@@ -300,6 +309,9 @@ class RedisState:
             if not self.up:
                 continue
             for store in self._counters:
+                if not store.touched:
+                    continue  # idle here since the last sync: nothing to push, nobody to read
+                store.touched = False
                 keys, deltas = store.take_pending()
                 if not keys:
                     continue

@@ -1,8 +1,9 @@
 """The Lua scripts the Redis backend runs: each is one atomic step, so two replicas never race.
 
-Time is Redis's own (``TIME``), so the replicas' clocks need not agree. Window buckets are keys
-``<base>:<minute>`` derived inside the scripts from the base keys they are given (a single Redis,
-not a cluster: every key of one tenant would need one hash slot there).
+Time is Redis's own (``TIME``), so the replicas' clocks need not agree. A rate limit's window is one
+hash per key: a field per slot, its running total ``t`` and its latest slot ``l``, rolled forward
+exactly as :class:`~tokenplane.shared_state.quotas.SlidingWindow` does (a single Redis, not a
+cluster: every key of one tenant would need one hash slot there).
 
 ACQUIRE   KEYS: lease set, tenant rpm, tenant tpm, key rpm, key tpm (bases)
           ARGV: concurrency limit, lease ttl s, rpm, tpm, key rpm, key tpm, window s, member, tokens
@@ -17,7 +18,43 @@ RENEW     KEYS: lease sets; ARGV: ttl s, then one member per key: push each leas
 
 from __future__ import annotations
 
-ACQUIRE = """
+from tokenplane.shared_state.quotas import SLOTS
+
+_WINDOW = (
+    f"local SLOTS = {SLOTS}\n"
+    + """
+local function roll(key, cur)
+  local h = redis.call('HMGET', key, 't', 'l')
+  local total = tonumber(h[1]) or 0
+  local last = tonumber(h[2])
+  if last == nil or cur - last > SLOTS then
+    if last ~= nil then redis.call('DEL', key) end
+    return 0
+  end
+  if cur > last then
+    for i = last - SLOTS, cur - SLOTS - 1 do
+      local v = redis.call('HGET', key, i)
+      if v then
+        total = total - tonumber(v)
+        redis.call('HDEL', key, i)
+      end
+    end
+    redis.call('HSET', key, 't', total, 'l', cur)
+  end
+  return total
+end
+local function add(key, cur, inc, keep_ms)
+  redis.call('HINCRBY', key, cur, inc)
+  redis.call('HINCRBY', key, 't', inc)
+  redis.call('HSETNX', key, 'l', cur)
+  redis.call('PEXPIRE', key, keep_ms)
+end
+"""
+)
+
+ACQUIRE = (
+    _WINDOW
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local climit = tonumber(ARGV[1])
@@ -28,40 +65,35 @@ if climit > 0 then
   end
 end
 local w = tonumber(ARGV[7])
-local bucket = math.floor(now / w)
-local frac = (now - bucket * w) / w
+local slot = w / SLOTS
+local cur = math.floor(now / slot)
 local tokens = tonumber(ARGV[9])
 for i = 2, 5 do
   local limit = tonumber(ARGV[i + 1])
   if limit > 0 then
-    local cur = tonumber(redis.call('GET', KEYS[i] .. ':' .. bucket) or '0')
-    local prev = tonumber(redis.call('GET', KEYS[i] .. ':' .. (bucket - 1)) or '0')
-    local used = prev * (1 - frac) + cur
+    local used = roll(KEYS[i], cur)
     local rpm = (i == 2 or i == 4)
     if (rpm and used + 1 > limit) or ((not rpm) and used >= limit) then
-      local room = limit - cur - 1
-      local wait
-      if room >= 0 and prev > 0 then
-        wait = ((1 - room / prev) - frac) * w
-      else
-        local need = 1
-        if cur > 0 then need = math.max(0, 1 - (limit - 1) / cur) end
-        wait = (1 - frac) * w + need * w
+      local need = used - limit + 1
+      local freed = 0
+      local wait = (cur + SLOTS + 1) * slot - now
+      for j = cur - SLOTS, cur do
+        freed = freed + (tonumber(redis.call('HGET', KEYS[i], j)) or 0)
+        if freed >= need then
+          wait = (j + SLOTS + 1) * slot - now
+          break
+        end
       end
       return {i, math.ceil(math.max(wait, 0) * 1000)}
     end
   end
 end
-local ttl = math.floor(w * 2000) + 1000
+local keep = math.ceil((w + 2 * slot) * 1000)
 for i = 2, 5 do
   if tonumber(ARGV[i + 1]) > 0 then
     local inc = 1
     if i == 3 or i == 5 then inc = tokens end
-    if inc > 0 then
-      local k = KEYS[i] .. ':' .. bucket
-      redis.call('INCRBY', k, inc)
-      redis.call('PEXPIRE', k, ttl)
-    end
+    if inc > 0 then add(KEYS[i], cur, inc, keep) end
   end
 end
 if climit > 0 then
@@ -71,25 +103,29 @@ if climit > 0 then
 end
 return {0, 0}
 """
+)
 
-RELEASE = """
+RELEASE = (
+    _WINDOW
+    + """
 if KEYS[1] ~= '' then redis.call('ZREM', KEYS[1], ARGV[2]) end
 local tokens = tonumber(ARGV[3])
 if tokens > 0 then
   local t = redis.call('TIME')
   local w = tonumber(ARGV[1])
-  local bucket = math.floor((tonumber(t[1]) + tonumber(t[2]) / 1000000) / w)
-  local ttl = math.floor(w * 2000) + 1000
+  local slot = w / SLOTS
+  local cur = math.floor((tonumber(t[1]) + tonumber(t[2]) / 1000000) / slot)
+  local keep = math.ceil((w + 2 * slot) * 1000)
   for i = 2, 3 do
     if KEYS[i] ~= '' then
-      local k = KEYS[i] .. ':' .. bucket
-      redis.call('INCRBY', k, tokens)
-      redis.call('PEXPIRE', k, ttl)
+      roll(KEYS[i], cur)
+      add(KEYS[i], cur, tokens, keep)
     end
   end
 end
 return 0
 """
+)
 
 RENEW = """
 local t = redis.call('TIME')
