@@ -115,6 +115,27 @@ def test_unknown_parent_gaps_and_garbage_are_counted_not_fatal() -> None:
     assert len(c) == 0 and c.unlinked == 1 and c.gaps == 1 and c.decode_errors == 1
 
 
+def test_a_gap_or_a_restarted_sequence_expires_the_state() -> None:
+    """A lost message may have been a BlockRemoved, and a restarted engine has an empty cache:
+    either way the instance's state is dropped and rebuilt from the events that follow."""
+    index = KvEventsIndex()
+
+    def send(seq: int, *events: Any) -> None:
+        index.ingest("a", [b"kv", seq.to_bytes(8, "big"), payload(*events)])
+
+    send(0, stored([1, 2], PROMPT[:8]))
+    send(1, stored([3], PROMPT[8:12], parent=2))
+    assert index.match_tokens(PROMPT) == {"a": 12}
+    send(3, stored([9], [5] * BS))  # seq 2 lost: what it said is unknown
+    c = index.cache("a")
+    assert index.match_tokens(PROMPT) == {} and c.gaps == 1 and len(c) == 1
+    send(4, stored([1, 2], PROMPT[:8]))
+    assert index.match_tokens(PROMPT) == {"a": 8}
+    send(0, stored([7], PROMPT[:4]))  # the engine restarted: its sequence starts again
+    assert index.match_tokens(PROMPT) == {"a": 4} and c.restarts == 1 and len(c) == 1
+    assert index.snapshot()["a"]["restarts"] == 1
+
+
 def test_bounded_oldest_dropped_first() -> None:
     cache = InstanceKvCache(max_blocks=2)
     for i in range(5):
@@ -153,12 +174,11 @@ async def test_real_zmq_pub_sub_on_loopback() -> None:
             pubs[iid] = ctx.socket(zmq.PUB)
             pubs[iid].setsockopt(zmq.LINGER, 0)
             pubs[iid].connect(ep)
-        seq = 0
+        seqs = dict.fromkeys(endpoints, 0)  # each publisher numbers its own messages, as vLLM's do
 
         def send(iid: str, data: bytes, topic: bytes = b"kv") -> None:
-            nonlocal seq
-            pubs[iid].send_multipart([topic, seq.to_bytes(8, "big"), data])
-            seq += 1
+            pubs[iid].send_multipart([topic, seqs[iid].to_bytes(8, "big"), data])
+            seqs[iid] += 1
 
         # PUB/SUB joins asynchronously ("slow joiner"): resend a harmless batch until one lands
         for _ in range(200):
@@ -185,6 +205,42 @@ async def test_real_zmq_pub_sub_on_loopback() -> None:
             p.close(linger=0)
         ctx.term()
         await sub.stop()
+
+
+@pytest.mark.anyio
+async def test_replicas_connect_to_a_publisher_that_binds() -> None:
+    """vLLM given ``tcp://*:PORT`` binds its PUB socket; two gateway replicas (``connect: true``)
+    subscribe to it and both follow the instance's cache."""
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    inst = InstanceConfig(
+        id="a",
+        url="http://x",
+        model="m",
+        kv_events=KvEventsConfig(endpoint=f"tcp://127.0.0.1:{port}", connect=True),
+    )
+    replicas = [KvEventsSubscriber(sources_from_instances([inst])) for _ in range(2)]
+    for r in replicas:
+        await r.start()
+    try:
+        seq = 0
+        for _ in range(200):  # until both have joined (slow joiner)
+            pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payload(stored([1], PROMPT[:4]))])
+            seq += 1
+            await asyncio.sleep(0.01)
+            if all(len(r.index.cache("a")) for r in replicas):
+                break
+        pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payload(stored([2, 3], PROMPT[4:12], parent=1))])
+        for r in replicas:
+            assert await r.wait_for("a", lambda c: len(c) == 3)
+            assert r.index.match_tokens(PROMPT) == {"a": 12}
+    finally:
+        for r in replicas:
+            await r.stop()
+        pub.close(linger=0)
+        ctx.term()
 
 
 @pytest.mark.anyio
@@ -277,7 +333,7 @@ async def test_precise_mode_routes_token_id_prompts_to_the_instance_that_reports
             assert [len(u.requests) for u in ups] == [1, 2]
             async with http.get(f"{server.make_url('/metrics')}") as r:
                 metrics = await r.text()
-        assert 'reason="kv_cache_match"' in metrics and 'reason="prefix_miss_least_loaded"' in metrics
+        assert 'reason="kv_cache_match"' in metrics and 'reason="kv_cache_miss_least_loaded"' in metrics
     finally:
         pub.close(linger=0)
         ctx.term()

@@ -28,7 +28,9 @@ async def test_500s_open_the_breaker_traffic_moves_and_a_probe_closes_it(
     emulators, emu_gateway, wait
 ) -> None:
     emus = await emulators(3)
-    gw = await emu_gateway(emus, breaker={"consecutive_failures": 3, "cooldown_s": 0.5})
+    # The cooldown must outlast the 18 requests sent while the breaker is expected open, on a busy
+    # machine too (0.5 s did not, once: the breaker was already half-open when checked).
+    gw = await emu_gateway(emus, breaker={"consecutive_failures": 3, "cooldown_s": 3.0})
     await emus[0].faults(error_status=500)  # every request, until cleared
     client = gw.client()
     for _ in range(12):  # round-robin: every third first attempt lands on emu-0, then is retried
@@ -54,7 +56,7 @@ async def test_500s_open_the_breaker_traffic_moves_and_a_probe_closes_it(
     async def half_open() -> bool:
         return (await gw.instances())["emu-0"]["breaker"] == "half_open"
 
-    await wait(half_open)
+    await wait(half_open, timeout_s=10.0)
     for _ in range(3):  # one of these is the probe
         await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
     assert (await gw.instances())["emu-0"]["breaker"] == "closed"

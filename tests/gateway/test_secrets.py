@@ -15,7 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tokenplane.gateway.app import GATEWAY_KEY
 from tokenplane.gateway.config import TenantConfig, TracingConfig, hash_key
 from tokenplane.gateway.errors import AuthenticationFailed
-from tokenplane.gateway.tenants import Authenticator
+from tokenplane.gateway.stages.quotas import MAX_KEY_IDS, KeyIds
+from tokenplane.gateway.tenants import MEMO_SIZE, Authenticator, Tenant
 from tokenplane.gateway.tracing import Tracing
 
 CHAT = "/v1/chat/completions"
@@ -114,7 +115,7 @@ def test_a_key_authenticates_exactly_when_its_digest_is_configured(keys: list[st
         assert not configured or not guess.strip()
     else:
         assert configured
-    held = repr((auth._by_digest, [(t.name, t.allowed_models) for t in auth.tenants]))
+    held = repr((auth._by_digest, auth._memo, [(t.name, t.allowed_models) for t in auth.tenants]))
     assert not any(k in held for k in keys)  # digests only: no raw key is kept
 
 
@@ -124,3 +125,101 @@ def test_the_key_comparison_hashes_first() -> None:
     assert list(auth._by_digest) == [hashlib.sha256(b"sk-a").hexdigest()]
     with pytest.raises(AuthenticationFailed):
         auth.authenticate("Bearer sk-")  # a prefix of a key is no nearer than any other guess
+
+
+def _by_sha256(auth: Authenticator, header: str) -> Tenant | None:
+    """The answer from the stored digests alone (the memo's oracle)."""
+    key = header.partition(" ")[2].strip() if header.lower().startswith("bearer ") else ""
+    return auth._by_digest.get(hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()) if key else None
+
+
+_headers = st.one_of(_keys.map(lambda k: f"Bearer {k}"), st.text(max_size=40))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(_keys, min_size=1, max_size=4, unique=True),
+    st.lists(st.tuples(st.just("auth"), _headers) | st.tuples(st.just("revoke"), _keys), max_size=30),
+    st.data(),
+)
+def test_remembered_headers_answer_as_their_digests_do(
+    keys: list[str], steps: list[tuple[str, str]], data: st.DataObject
+) -> None:
+    """The memo of authenticated headers never changes an answer: a header seen before (the same
+    key, revoked since or not) gets what hashing it afresh would give."""
+    auth = _auth(keys)
+    seen: list[str] = []
+    for op, arg in steps:
+        if op == "revoke":
+            tenant = auth._by_digest.get(hashlib.sha256(arg.encode()).hexdigest())
+            assert auth.revoke(auth.tenants[0], hash_key(arg)) == (tenant is not None)
+            continue
+        header = data.draw(st.sampled_from(seen)) if seen and data.draw(st.booleans()) else arg
+        seen.append(header)
+        try:
+            got: Tenant | None = auth.authenticate(header)
+        except AuthenticationFailed:
+            got = None
+        assert got is _by_sha256(auth, header)
+    held = repr(auth._memo)
+    assert not any(k in held for k in keys)
+
+
+def test_the_memo_is_bounded_and_keeps_no_failure() -> None:
+    keys = [f"sk-bulk-{i}" for i in range(MEMO_SIZE + 10)]
+    auth = _auth(keys)
+    for k in keys:
+        assert auth.authenticate(f"Bearer {k}").name == "t"
+        assert len(auth._memo) <= MEMO_SIZE
+    auth._memo.clear()
+    for i in range(50):
+        with pytest.raises(AuthenticationFailed):
+            auth.authenticate(f"Bearer {WRONG_KEY}{i}")
+    assert auth._memo == {}
+
+
+def test_a_revoked_key_is_refused_after_it_was_remembered() -> None:
+    auth = _auth(["sk-a", "sk-b"])
+    for _ in range(2):
+        assert auth.authenticate("Bearer sk-a").name == "t"
+    assert auth.revoke(auth.tenants[0], hash_key("sk-a"))
+    with pytest.raises(AuthenticationFailed):
+        auth.authenticate("Bearer sk-a")
+    assert auth.authenticate("Bearer sk-b").name == "t"
+
+
+def test_a_remembered_tag_needs_both_halves() -> None:
+    """A header whose first hash matches a remembered one (as a forged collision would) but whose
+    salted hash does not is hashed afresh, and refused."""
+    auth = _auth(["sk-a"])
+    auth.authenticate("Bearer sk-a")
+    ((_tag, (check, tenant)),) = auth._memo.items()
+    guess = f"Bearer {WRONG_KEY}"
+    auth._memo[hash(guess)] = (check, tenant)  # the first half forged
+    with pytest.raises(AuthenticationFailed):
+        auth.authenticate(guess)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.text(alphabet="abcdefghijk0123456789-", min_size=8, max_size=40), min_size=1, max_size=30))
+def test_per_key_quota_ids_are_stable_digests_and_keep_no_raw_key(keys: list[str]) -> None:
+    """The quota stage's per-key id (RPM/TPM per key): the same id for the same header every time
+    (and on every replica: a plain SHA-256 of the header), different keys apart, no raw key held."""
+    ids = KeyIds()
+    headers = [f"Bearer sk-{k}" for k in keys]
+    first = [ids(h) for h in headers]
+    assert [ids(h) for h in headers] == first  # remembered answers equal fresh ones
+    assert first == [hashlib.sha256(h.encode()).hexdigest()[:24] for h in headers]
+    assert len(set(first)) == len(set(headers))
+    assert len(ids) <= MAX_KEY_IDS
+    held = repr(ids._ids)
+    assert not any(f"sk-{k}" in held for k in keys)
+
+
+def test_a_forged_quota_tag_is_recomputed() -> None:
+    ids = KeyIds()
+    right = ids("Bearer sk-a")
+    ((_tag, (check, key_id)),) = ids._ids.items()
+    guess = f"Bearer {WRONG_KEY}"
+    ids._ids[hash(guess)] = (check, key_id)  # the first half forged
+    assert ids(guess) == hashlib.sha256(guess.encode()).hexdigest()[:24] != right

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
@@ -78,6 +78,23 @@ async def serve(anyio_backend: str) -> AsyncIterator[Callable[[Handler], Awaitab
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@contextlib.contextmanager
+def _cyclic_garbage() -> Iterator[list[str]]:
+    """The tokenplane objects that only the cyclic collector would free, made inside the block."""
+    import gc
+
+    leaked: list[str] = []
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        yield leaked
+        gc.collect()
+        leaked.extend(type(o).__name__ for o in gc.garbage if type(o).__module__.startswith("tokenplane"))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
 
 
 def client(**kw: float | None) -> UpstreamClient:
@@ -394,7 +411,6 @@ async def test_a_big_answer_read_whole_leaves_the_reused_connection_reading(serv
 async def test_a_response_is_freed_without_the_cyclic_collector(serve) -> None:
     """Responses are made per request: none may sit in a reference cycle (the collector would then
     walk every in-flight request's objects to free them; it cost ~10 µs of CPU a request)."""
-    import gc
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
@@ -404,18 +420,53 @@ async def test_a_response_is_freed_without_the_cyclic_collector(serve) -> None:
 
     state = await serve(handler)
     c = client()
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+    with _cyclic_garbage() as leaked:
         for _ in range(5):
             resp = await c.post("127.0.0.1", state.port, HEAD, b"{}")
             assert await resp.read() == b"{}"
             resp.release()
         del resp
-        gc.collect()
-        leaked = [type(o).__name__ for o in gc.garbage if type(o).__module__.startswith("tokenplane")]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
+    assert leaked == []
+    await c.close()
+
+
+async def test_a_closed_connection_is_freed_without_the_cyclic_collector(serve) -> None:
+    """A connection ends (the instance closed it while idle in the pool, answered with
+    ``Connection: close``, or cut a body short): nothing of it may wait for the collector. The
+    servers raise the young threshold, so a connection that had lived long in the pool would wait
+    for a full collection, hours apart under steady load (the soak's RSS growth)."""
+
+    async def idle_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(ok(b"{}"))  # keep-alive by default, then dropped while idle
+        await writer.drain()
+
+    async def says_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(ok(b"{}", b"Connection: close\r\n"))
+        await writer.drain()
+
+    async def cut_short(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhalf")
+        await writer.drain()
+
+    async def goes_silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhalf")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    servers = [await serve(h) for h in (idle_close, says_close, cut_short, goes_silent)]
+    c = client(read_timeout_s=0.1)
+    with _cyclic_garbage() as leaked:
+        for _ in range(3):
+            for state in servers:
+                resp = await c.post("127.0.0.1", state.port, HEAD, b"{}")
+                with contextlib.suppress(UpstreamConnectionError, TimeoutError):
+                    await resp.read()
+                resp.close()
+                del resp
+            await asyncio.sleep(0.05)  # each close reaches the client
     assert leaked == []
     await c.close()

@@ -122,16 +122,15 @@ class PoolAdmission:
         self.queue = queue
         self.shedder = shedder
         self._capacity = capacity
+        # Requests the pool's usable instances take at once (``max_concurrency`` summed): the
+        # function itself, not a method that calls it (one call less per request).
+        self.capacity = capacity
         self._metrics = metrics
         self._views = views
         self.ttft = ttft
         """The pool's observed TTFT; with ``views``, admission predicts TTFT (see the module docstring)."""
         self.in_flight = 0
         self._waiters: dict[str, asyncio.Future[None]] = {}
-
-    def capacity(self) -> int:
-        """Requests the pool's usable instances take at once (``max_concurrency`` summed)."""
-        return self._capacity()
 
     def free(self) -> int:
         return self._capacity() - self.in_flight
@@ -141,6 +140,16 @@ class PoolAdmission:
     ) -> float:
         """Wait until the request may go; returns its deadline. Raises a :class:`Refused`.
         ``capacity``: :meth:`capacity` as the caller just read it (saves summing it again)."""
+        adm = self.offer(info, priority, now, capacity)
+        if adm.admitted:
+            return adm.deadline_s
+        return await self.wait(info, adm, now)
+
+    def offer(
+        self, info: RequestInfo, priority: PriorityClass, now: float, capacity: int | None = None
+    ) -> Admission:
+        """:meth:`admit`'s first half, without a coroutine: admitted at once (it holds a slot),
+        refused (raises), or queued (then :meth:`wait` for it, which it must)."""
         queue = self.queue
         ttft = self.ttft
         if ttft is not None and self._views is not None and ttft.observed:
@@ -152,9 +161,14 @@ class PoolAdmission:
             self._refuse(adm.evicted.request.request_id, AdmissionReason.SHED_LOW_PRIORITY, now)
         if adm.admitted:
             self.in_flight += 1
-            return adm.deadline_s
+            return adm
         if adm.rejected:
             raise self._refusal(adm.reason, adm, now)
+        return adm
+
+    async def wait(self, info: RequestInfo, adm: Admission, now: float) -> float:
+        """:meth:`admit`'s second half, for a request :meth:`offer` queued: shed, or wait for a slot."""
+        queue = self.queue
         signal = self.load_signal(info, queue.depth - 1, now)
         shed = self.shedder.decide(adm.priority, signal, now=now, deadline_s=adm.deadline_s)
         if shed.shed:
@@ -189,6 +203,7 @@ class PoolAdmission:
                 queue.cancel(rid)
             raise
         self._metrics.wait.labels(self.model).observe(time.monotonic() - now)
+        return adm.deadline_s
         return adm.deadline_s
 
     def load_signal(self, info: RequestInfo, queue_depth: int, now: float) -> LoadSignal:

@@ -15,7 +15,9 @@ config does not use is not in the chain:
 7. working set (when some model limits it): the KV working-set limit for tasks (429);
 8. deferral (when some tenant may defer): wait for spare capacity, then batch priority;
 9. admission: the pool admits, queues or refuses (429, 503);
-10. forward: the core retry plan over the model's instances, one answer spliced from its attempts.
+10. disaggregate (when some model's pool is disaggregated): that model's requests run vLLM's
+    prefill/decode flow over (prefill, decode) pairs (:mod:`~tokenplane.gateway.disagg.flow`);
+11. forward: the core retry plan over the model's instances, one answer spliced from its attempts.
 
 Deferral comes before admission: a deferred request waits before it takes a place in the queue.
 Errors are raised as :class:`~tokenplane.gateway.errors.GatewayError` anywhere and turned into
@@ -53,6 +55,7 @@ from tokenplane.gateway.stages.parse import Parse
 from tokenplane.gateway.stages.pipeline import Pipeline, Stage
 from tokenplane.gateway.stages.quotas import Quotas, tenant_quotas
 from tokenplane.gateway.stages.respond import Respond
+from tokenplane.gateway.stages.tokenize import Tokenize
 from tokenplane.gateway.stages.working_set import WorkingSet
 from tokenplane.gateway.state import Gateway
 
@@ -68,7 +71,8 @@ def build_pipeline(gw: Gateway, extra: Extra | None = None) -> Pipeline:
     """The stages in their fixed order, each given only the parts of the state it uses."""
     clock = time.monotonic
     stages: list[Stage] = [
-        Respond(gw.metrics, gw.path_metrics, lambda: gw.tracing, clock),
+        # the tracing read per request (it may be swapped after start-up): getattr, no Python frame
+        Respond(gw.metrics, gw.path_metrics, functools.partial(getattr, gw, "tracing"), clock),
         Authenticate(gw.auth),
         Parse(gw.limits, gw.catalog),
     ]
@@ -76,10 +80,12 @@ def build_pipeline(gw: Gateway, extra: Extra | None = None) -> Pipeline:
         stages.append(Cache(gw.response_caches, gw.shared))
     if gw.fallbacks is not None:
         stages.append(Fallback(gw.fallbacks, gw.catalog))
+    if gw.tokenizers:
+        stages.append(Tokenize(gw.tokenizers))
     stages.append(TenantLimits(gw.workflows, Describer(gw.kv_events), gw.ledger_on))
     quotas = tenant_quotas(gw.tenant_configs, shared_concurrency=gw.shared is not None)
     if quotas:
-        stages.append(Quotas(quotas, gw.shared, gw.metrics.registry))
+        stages.append(Quotas(quotas, gw.shared, gw.metrics.registry, window_s=gw.rate_window_s))
     if gw.ws_limits:
         stages.append(
             WorkingSet(gw.working_set, gw.ws_limits, gw.kv_capacity, gw.admission_metrics, gw.retry_after)
@@ -90,6 +96,13 @@ def build_pipeline(gw: Gateway, extra: Extra | None = None) -> Pipeline:
     if extra is not None:
         stages.extend(extra(gw))
     attempts = Attempts(gw.transports, gw.pool, gw.resilience, gw.path_metrics)
+    if gw.disaggregated is not None:  # prefill/decode pools: their requests end here
+        from tokenplane.gateway.disagg.flow import Disaggregate
+        from tokenplane.gateway.disagg.prefill import Prefills
+
+        prefills = Prefills(gw.transports, gw.pool, gw.resilience)
+        pd, res, timeout_s = gw.disaggregated, gw.resilience, gw.limits.upstream_timeout_s
+        stages.append(Disaggregate(pd, attempts, prefills, gw.pool, res, gw.retry_after, timeout_s))
     stages.append(Forward(attempts, gw.pool, gw.resilience, gw.retry_after, gw.limits.upstream_timeout_s))
     return Pipeline(stages, clock)
 

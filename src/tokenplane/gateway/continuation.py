@@ -37,6 +37,7 @@ import asyncio
 import copy
 import time
 from collections.abc import Callable, Iterable
+from time import monotonic
 from typing import Any
 
 import aiohttp
@@ -44,7 +45,7 @@ import msgspec
 from aiohttp import web
 
 from tokenplane.gateway.edges.base import ClientStream
-from tokenplane.gateway.edges.fast_request import WRITE_HIGH_WATER_BYTES
+from tokenplane.gateway.edges.chunked import WRITE_HIGH_WATER_BYTES, ChunkedBody
 from tokenplane.gateway.errors import (
     GatewayError,
     UpstreamProtocolError,
@@ -110,6 +111,7 @@ class StreamSplicer:
         "first_prompt_tokens",
         "head",
         "idle_timeout_s",
+        "left_after",
     )
 
     def __init__(self, client: ClientStream, chat: bool, idle_timeout_s: float | None = None) -> None:
@@ -125,6 +127,7 @@ class StreamSplicer:
         self.attempts = 0
         self.cont_prompt_tokens = 0
         self.first_prompt_tokens: int | None = None
+        self.left_after: AttemptEnd | None = None  # a relay that ended as its caller was cancelled
 
     @property
     def started(self) -> bool:
@@ -205,6 +208,10 @@ class StreamSplicer:
         # Waited for outside the handler: an await inside an ``except`` block that then re-raises
         # corrupts memory once compiled by mypyc (the compiled build crashed in tests).
         await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is None:
+            # The relay had finished (e.g. written [DONE]) when the client left: its end is kept
+            # for the attempt's record.
+            self.left_after = task.result()
         raise cancelled
 
     async def _relay(self, resp: UpstreamReply, ex: RequestContext, upstream: Upstream) -> AttemptEnd:
@@ -220,6 +227,7 @@ class StreamSplicer:
         idle_s = self.idle_timeout_s  # armed at the first token
         client = self.client
         sink: Callable[[bytes], int] | None = None
+        body: ChunkedBody | None = None  # the client's stream once its head went out
         if not splice:
             sent = self._sent  # (digest replaces the list only after this attempt)
 
@@ -236,12 +244,14 @@ class StreamSplicer:
                     _fwd, fin, n, _span, malformed = scan_events(data, size)
                     if fin or malformed:  # the loop below handles the end, and what is wrong
                         return SINK_DECLINED
-                if not client.write_now(data):
+                assert body is not None  # parked only once it is there
+                backlog = body.put(data)
+                if backlog < 0:
                     return SINK_DECLINED
                 tokens += n
                 sent.append(data)
-                reader.heard()
-                return SINK_TAKEN_WAKE if client.backlog() > WRITE_HIGH_WATER_BYTES else SINK_TAKEN
+                reader.last_at = upstream.heard_at = monotonic()  # reader.heard(), one call less a piece
+                return SINK_TAKEN_WAKE if backlog > WRITE_HIGH_WATER_BYTES else SINK_TAKEN
 
         parked = False  # from the first token on, once the client's stream is chunked
         try:
@@ -269,11 +279,13 @@ class StreamSplicer:
                     else:
                         self._sent.append(chunk)
                     if chunk:
-                        if client.write_now(chunk):  # the usual chunk: no coroutine
-                            if client.backlog() > WRITE_HIGH_WATER_BYTES:
-                                await client.drain()
-                        else:
+                        if body is None:
+                            body = client.chunks
+                        backlog = -1 if body is None else body.put(chunk)  # the usual chunk: no coroutine
+                        if backlog < 0:
                             await client.write(chunk)
+                        elif backlog > WRITE_HIGH_WATER_BYTES:
+                            await client.drain()
                     if n:
                         tokens += n
                         if first_s is None:
@@ -285,7 +297,11 @@ class StreamSplicer:
                 if malformed:
                     failure = UpstreamProtocolError(f"instance {upstream.id} sent a malformed event")
                     break
-                parked = sink is not None and first_s is not None and client.chunked
+                if body is None:
+                    body = client.chunks  # the first write sent the head
+                if done:
+                    ex.answered = True
+                parked = sink is not None and first_s is not None and body is not None
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             ex.outcome = OUTCOME_CLIENT_GONE
             return AttemptEnd(None, tokens, first_s, client_gone=True)
@@ -295,6 +311,7 @@ class StreamSplicer:
             self.digest()
             if self.finished:  # the final chunk arrived; only [DONE] (or usage) was lost
                 await self.finish()
+                ex.answered = True
                 return AttemptEnd(None, tokens, first_s)
             return AttemptEnd(failure, self.delivered_tokens - base_tokens, first_s)
         if splice:
@@ -384,7 +401,7 @@ class StreamSplicer:
             pass
         return client.answer()
 
-    async def end_length(self) -> None:
+    async def end_length(self, ex: RequestContext) -> None:
         """Every token asked for was delivered but the final chunk was lost: send it ourselves."""
         head = self.head or {}
         if self._chat:
@@ -398,6 +415,7 @@ class StreamSplicer:
         await self.client.write(b"data: " + _encode(event) + b"\n\n")
         self.finished = True
         await self.finish()
+        ex.answered = True
 
 
 def _payload(raw: bytes) -> bytes | None:

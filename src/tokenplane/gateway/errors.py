@@ -29,9 +29,11 @@ Hierarchy::
     │   ├── NoHealthyInstance         503 no ready and healthy instance (or every breaker open)
     │   ├── LedgerUnreachable         503 the workflow ledger's store cannot be reached
     │   └── Draining                  503 the gateway is shutting down (SIGTERM); retry elsewhere
+    ├── KvTransferFailed              502 a decode instance could not load its prefill's KV (P/D)
     └── UpstreamError                 502 / 504, the instance failed us
         ├── UpstreamUnavailable       502 connection refused or reset, or a 5xx answer
         ├── UpstreamProtocolError     502 the answer is not what the API promises
+        │   └── KvHandoverInvalid     502 a prefill instance answered without usable kv_transfer_params
         └── UpstreamTimeout           504 no answer within limits.upstream_timeout_s
             ├── UpstreamStalled       504 a stream went silent mid-way
             └── DeadlineExceeded      504 the request's own latency budget ran out
@@ -247,6 +249,22 @@ class UpstreamUnavailable(UpstreamError):
 
 class UpstreamProtocolError(UpstreamError):
     default_code = "upstream_protocol_error"
+
+
+class KvHandoverInvalid(UpstreamProtocolError):
+    """A prefill instance of a disaggregated pool answered without usable ``kv_transfer_params``."""
+
+    default_code = "kv_handover_invalid"
+
+
+class KvTransferFailed(GatewayError):
+    """A decode instance could not load the KV its prefill handed over (the prefill engine is gone,
+    or no longer holds it): the prefill's fault, not the decode instance's (which answered, so it is
+    not an :class:`UpstreamError` of its own); the flow prefills again."""
+
+    status = 502
+    type = "upstream_error"
+    default_code = "kv_transfer_failed"
 
 
 class UpstreamTimeout(UpstreamError):

@@ -4,7 +4,9 @@ vLLM started with ``--kv-events-config '{"enable_kv_cache_events":true,"publishe
 "endpoint":"tcp://127.0.0.1:5557","topic":"kv"}'`` CONNECTS a PUB socket to that endpoint and sends
 one three-frame message per batch of cache changes: ``topic``, an 8-byte big-endian sequence number
 and a msgpack payload. So the gateway BINDS a SUB socket per instance (one endpoint per instance:
-a batch says nothing about who sent it). The payload is ``KVEventBatch`` encoded by msgspec as an
+a batch says nothing about who sent it). Given ``tcp://*:PORT`` vLLM binds instead; with
+``kv_events: {connect: true}`` the gateway connects to it, and every gateway replica can subscribe
+to the same instance. The payload is ``KVEventBatch`` encoded by msgspec as an
 array ``[ts, events, data_parallel_rank?]``; each event is a map tagged ``type``:
 
 * ``BlockStored``: ``block_hashes`` (one per full block, ints by default, bytes with
@@ -32,10 +34,13 @@ index stays the default and the fallback.
 
 State is bounded (``max_blocks`` per instance, oldest stores dropped first: an instance with a
 bigger cache than the bound is under-reported, never over-reported except for the dropped blocks'
-descendants, which stay until removed). A gap in sequence numbers (the SUB socket dropped messages)
-is counted; vLLM's optional replay socket is not used, so after a gap the state may hold blocks
-already evicted until their ``BlockRemoved`` (which vLLM does send for every evicted block) or an
-``AllBlocksCleared``.
+descendants, which stay until removed). Stale state is expired, not replayed (vLLM's optional
+replay socket is not used): a gap in sequence numbers (the SUB socket dropped messages, so a
+``BlockRemoved`` may be lost) or a sequence that starts again (the engine restarted with an empty
+cache) drops the instance's whole state, counted in ``gaps`` / ``restarts``; it is rebuilt from the
+events that follow. A gateway replica that starts late knows only the blocks stored after it
+subscribed. Both under-report for a while (requests go to the least-loaded instance), and neither
+reports a block the engine no longer holds.
 """
 
 from __future__ import annotations
@@ -47,9 +52,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+
+if TYPE_CHECKING:
+    from tokenplane.gateway.token_blocks import TokenBlocks
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +150,7 @@ class InstanceKvCache:
         "last_seq",
         "max_blocks",
         "removed",
+        "restarts",
         "skipped",
         "stored",
         "unlinked",
@@ -157,7 +166,7 @@ class InstanceKvCache:
         self.last_seq: int | None = None
         self.last_event_ts = 0.0
         self.stored = self.removed = self.cleared = self.dropped = 0
-        self.gaps = self.decode_errors = self.skipped = self.unlinked = 0
+        self.gaps = self.decode_errors = self.skipped = self.unlinked = self.restarts = 0
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -166,9 +175,20 @@ class InstanceKvCache:
         return key in self._keys
 
     def observe_seq(self, seq: int) -> None:
-        if self.last_seq is not None and seq > self.last_seq + 1:
-            self.gaps += 1
+        """A gap (messages lost) or a sequence that starts again (the engine restarted) makes the
+        state untrustworthy: it is dropped, and rebuilt from the events that follow."""
+        last = self.last_seq
+        if last is not None and (seq > last + 1 or seq <= last):
+            if seq > last + 1:
+                self.gaps += 1
+            else:
+                self.restarts += 1
+            self.clear()
         self.last_seq = seq
+
+    def clear(self) -> None:
+        self._blocks.clear()
+        self._keys.clear()
 
     def apply(self, events: Iterable[KvEvent], ts: float = 0.0) -> None:
         for event in events:
@@ -180,8 +200,7 @@ class InstanceKvCache:
                         self._drop(h)
                         self.removed += 1
             else:
-                self._blocks.clear()
-                self._keys.clear()
+                self.clear()
                 self.cleared += 1
         if ts > self.last_event_ts:
             self.last_event_ts = ts
@@ -263,8 +282,11 @@ class KvEventsIndex:
         cache.skipped += skipped
         cache.apply(events, ts)
 
-    def match_tokens(self, token_ids: Sequence[int], lora_id: int | None = None) -> dict[str, int]:
-        """Cached leading TOKENS of a prompt per instance (0 omitted); exact, per its block size."""
+    def match_tokens(
+        self, token_ids: Sequence[int], lora_id: int | None = None, blocks: TokenBlocks | None = None
+    ) -> dict[str, int]:
+        """Cached leading TOKENS of a prompt per instance (0 omitted); exact, per its block size.
+        ``blocks``: the same ids with their keys (hashed once per request, new blocks only)."""
         out: dict[str, int] = {}
         by_size: dict[int, list[int]] = {}
         for iid, cache in self.instances.items():
@@ -273,7 +295,9 @@ class KvEventsIndex:
                 continue
             keys = by_size.get(size)
             if keys is None:
-                keys = by_size[size] = chain_keys(token_ids, size, lora_id)
+                keys = by_size[size] = (
+                    chain_keys(token_ids, size, lora_id) if blocks is None else blocks.keys(size, lora_id)
+                )
             hit = cache.match(keys)
             if hit:
                 out[iid] = hit * size
@@ -289,6 +313,7 @@ class KvEventsIndex:
                 "cleared": c.cleared,
                 "dropped": c.dropped,
                 "gaps": c.gaps,
+                "restarts": c.restarts,
                 "decode_errors": c.decode_errors,
                 "unlinked": c.unlinked,
                 "last_event_ts": c.last_event_ts,
@@ -303,6 +328,7 @@ class KvEventsSource:
     instance_id: str
     endpoint: str
     topic: str = "kv"
+    connect: bool = False  # the publisher binds (vLLM with tcp://*:PORT): several replicas subscribe
 
 
 class KvEventsSubscriber:
@@ -331,7 +357,10 @@ class KvEventsSubscriber:
                 sock = self._ctx.socket(zmq.SUB)
                 sock.setsockopt(zmq.LINGER, 0)
                 sock.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
-                sock.bind(src.endpoint)
+                if src.connect:
+                    sock.connect(src.endpoint)
+                else:
+                    sock.bind(src.endpoint)
                 self._sockets.append(sock)
                 self.endpoints[src.instance_id] = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
                 self.index.cache(src.instance_id)
@@ -384,5 +413,5 @@ def sources_from_instances(instances: Iterable[Any]) -> list[KvEventsSource]:
     for inst in instances:
         cfg = getattr(inst, "kv_events", None)
         if cfg is not None:
-            out.append(KvEventsSource(inst.id, cfg.endpoint, cfg.topic))
+            out.append(KvEventsSource(inst.id, cfg.endpoint, cfg.topic, bool(getattr(cfg, "connect", False))))
     return out

@@ -176,13 +176,13 @@ class SseReader:
     at the end stays for the next read), or the error that ended the stream.
     """
 
-    __slots__ = ("_last_at", "_pending", "_resp", "_upstream")
+    __slots__ = ("_pending", "_resp", "_upstream", "last_at")
 
     def __init__(self, resp: UpstreamReply, upstream: Upstream) -> None:
         self._resp = resp
         self._upstream = upstream
         self._pending = b""
-        self._last_at = time.monotonic()  # the headers just came
+        self.last_at = time.monotonic()  # the headers just came: when the instance last sent bytes
 
     def arm(self, idle_s: float) -> None:
         """From now on at most ``idle_s`` of silence between reads (the relay arms it at the first
@@ -193,13 +193,13 @@ class SseReader:
     def _stalled(self) -> UpstreamStalled:
         upstream = self._upstream
         return UpstreamStalled(
-            f"instance {upstream.id} stalled mid-stream ({time.monotonic() - self._last_at:.1f} s silent)",
-            busy=upstream.answered_since(self._last_at),
+            f"instance {upstream.id} stalled mid-stream ({time.monotonic() - self.last_at:.1f} s silent)",
+            busy=upstream.answered_since(self.last_at),
         )
 
     def heard(self) -> None:
         """The instance sent something (a sink took it)."""
-        self._last_at = self._upstream.heard_at = time.monotonic()
+        self.last_at = self._upstream.heard_at = time.monotonic()
 
     async def park(self, sink: Callable[[bytes], int]) -> UpstreamStalled | None:
         """Let ``sink`` take the body as it arrives, in the connection's callback (see

@@ -12,8 +12,8 @@ rendering of the prompt (chat messages rendered canonically by :func:`render_cha
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -25,6 +25,9 @@ from tokenplane.gateway.errors import (
     InvalidRequest,
     MalformedJSON,
 )
+
+if TYPE_CHECKING:
+    from tokenplane.gateway.token_blocks import TokenBlocks
 
 Endpoint = Literal["chat", "completions", "other"]
 """The two completion routes, parsed in full; "other": any other ``POST /v1/*`` route passed through
@@ -46,8 +49,11 @@ class ParsedRequest(msgspec.Struct):
     prompt_text: str
     prompt_tokens: int
     max_tokens: int | None
-    token_ids: list[int] | None = None
-    """The prompt's token ids when the client sent them (a completions ``prompt`` of ids)."""
+    token_ids: Sequence[int] | None = None
+    """The prompt's token ids when the client sent them (a completions ``prompt`` of ids), or from
+    the model's tokenizer (a ``list`` or an ``array('i')``)."""
+    token_blocks: TokenBlocks | None = None
+    """From the model's tokenizer: ``token_ids`` with their block keys, hashed once per request."""
 
 
 def _is_int(v: Any) -> bool:

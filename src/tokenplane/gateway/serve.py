@@ -38,6 +38,7 @@ from prometheus_client.metrics_core import Metric
 from tokenplane.gateway.app import GATEWAY_KEY, create_app
 from tokenplane.gateway.config import load_config
 from tokenplane.gateway.drain import DRAIN_KEY
+from tokenplane.gateway.heap_trace import install as install_heap_trace
 from tokenplane.gateway.reload import Reloader, start_reloading
 from tokenplane.gateway.server import GatewayServer
 from tokenplane.runloop import freeze_startup_objects, new_event_loop
@@ -74,6 +75,7 @@ def serve(
         app[GATEWAY_KEY].metrics.registry.register(_WorkerInfo(worker))
     server = GatewayServer(app, host, port, fast=listen.fast_front, reuse_port=worker is not None)
     loop = new_event_loop()
+    install_heap_trace(loop)  # opt-in (TOKENPLANE_TRACEMALLOC): a leak hunt's snapshots
     try:
         loop.run_until_complete(
             _run(server, worker, cfg.drain.deadline_s, lambda: start_reloading(server, config, cfg))

@@ -13,7 +13,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 
 import aiohttp
 from yarl import URL
@@ -21,6 +21,7 @@ from yarl import URL
 from tokenplane.core.admission import DEFAULT_WINDOW_S as ADMISSION_WINDOW_S
 from tokenplane.core.admission import AdmissionQueue
 from tokenplane.core.breaker import BreakerState
+from tokenplane.core.prompt_hash import DEFAULT_BLOCK_TOKENS
 from tokenplane.core.routing.prefix_index import PrefixIndex
 from tokenplane.core.shedding import LoadShedder
 from tokenplane.core.task_admission import KvWorkingSetLimit, fleet_kv_capacity_tokens
@@ -28,14 +29,17 @@ from tokenplane.gateway.admission import AdmissionMetrics, PoolAdmission
 from tokenplane.gateway.catalog import ModelCatalog
 from tokenplane.gateway.config import GatewayConfig, LimitsConfig
 from tokenplane.gateway.deferral import DeferralRoom
+from tokenplane.gateway.disagg.pools import DisaggregatedPools
 from tokenplane.gateway.economics import CostModel, EconomicsMetrics
 from tokenplane.gateway.fallback import FallbackChain, FallbackMetrics
+from tokenplane.gateway.index_metrics import PrefixIndexCollector
 from tokenplane.gateway.kv_events import KvEventsSubscriber, sources_from_instances
 from tokenplane.gateway.metrics import GatewayMetrics
 from tokenplane.gateway.path_metrics import PathMetrics
 from tokenplane.gateway.resilience import Resilience
 from tokenplane.gateway.response_cache import CacheMetrics, ResponseCache
 from tokenplane.gateway.tenants import Authenticator
+from tokenplane.gateway.tokenization.config import build_tokenizers
 from tokenplane.gateway.tracing import Tracing
 from tokenplane.gateway.transports.aiohttp_transport import AiohttpTransport
 from tokenplane.gateway.transports.base import Transports, UpstreamReply
@@ -50,6 +54,7 @@ log = logging.getLogger(__name__)
 
 NO_INSTANCE_RETRY_AFTER_S = 1.0
 HOUSEKEEPING_INTERVAL_S = 0.1
+BOUND_INDEXES_EVERY = 50  # housekeeping rounds (5 s): an instance's KV cache size rarely changes
 POOL_LIMIT_PER_HOST = 0  # unbounded: the instance's own queue is the bound, not the socket count
 
 
@@ -74,10 +79,14 @@ class Gateway:
         self.limits: LimitsConfig = config.limits
         self.auth = Authenticator(config.tenants)
         self.tenant_configs = config.tenants
+        self.rate_window_s = config.state.rate_window_s
         self.catalog = ModelCatalog(config.models, rng or random.Random())
         self.pool = UpstreamPool(config.instances, config.scrape, config.health, on_down=self._forget)
         self.metrics = GatewayMetrics(self.pool.all)
         self.path_metrics = PathMetrics(self.metrics.registry)
+        self.disaggregated: DisaggregatedPools | None = DisaggregatedPools.from_models(
+            [(m.name, m.pool) for m in config.models], self.metrics.registry, rng or random.Random()
+        )
         self.economics = EconomicsMetrics(self.metrics.registry)
         served = {m.name: m.served_name for m in config.models}
         self.workflows = Workflows(
@@ -103,6 +112,7 @@ class Gateway:
         self.working_set: WorkingSetStore = (
             InMemoryWorkingSet() if shared is None else shared.working_set(list(self.ws_limits))
         )
+        self.metrics.registry.register(PrefixIndexCollector(self._prefix_indexes))
         if self.ws_limits:
             self.metrics.registry.register(
                 WorkingSetCollector(self.working_set, self._working_set_budgets, time.monotonic)
@@ -127,6 +137,7 @@ class Gateway:
         kv_sources = sources_from_instances(config.instances)
         self.kv_events: KvEventsSubscriber | None = KvEventsSubscriber(kv_sources) if kv_sources else None
         self.session: aiohttp.ClientSession | None = None
+        self.tokenizers = build_tokenizers(config.models, config.instances, lambda: self.session)
         self.shared: RedisState | None = None
         self._shared_indexes: dict[str, PrefixIndex] = {}
         if shared is not None:
@@ -235,14 +246,36 @@ class Gateway:
 
     async def _housekeep(self) -> None:
         """Materialise breaker cooldowns and dispatch queued requests capacity has come back for."""
+        rounds = 0
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
             try:
                 self.resilience.tick(time.monotonic())
                 for pool in self.admission.values():
                     pool.pump()
+                rounds += 1
+                if rounds % BOUND_INDEXES_EVERY == 1:
+                    self.bound_prefix_indexes()
             except Exception:  # the loop must outlive one bad round
                 log.exception("housekeeping failed")
+
+    def _prefix_indexes(self) -> Iterator[tuple[str, PrefixIndex, list[str]]]:
+        for m in self.catalog.models:
+            index = prefix_index_of(m.router)
+            if index is not None:
+                yield m.name, index, [u.id for u in self.pool.for_model(m.name)]
+
+    def bound_prefix_indexes(self) -> None:
+        """Each router's prefix index holds no more blocks for an instance than the instance's KV
+        cache has (``kv_capacity_tokens``, configured or scraped); unknown: the index's own bound."""
+        for m in self.catalog.models:
+            index = prefix_index_of(m.router)
+            if index is None:
+                continue
+            for u in self.pool.for_model(m.name):
+                capacity = u.config.kv_capacity_tokens or u.metrics.kv_capacity_tokens
+                if capacity > 0:
+                    index.set_bound(u.id, -(-capacity // DEFAULT_BLOCK_TOKENS))
 
     def _capacity_of(self, model: str) -> Callable[[], int]:
         """The pool's usable slots. While every breaker is closed it depends only on health,

@@ -19,8 +19,11 @@ trace context); spans, all children of the request's span:
 
 The gateway keeps its own :class:`TracerProvider` (never the process-global one), sampled
 ``ParentBased(TraceIdRatioBased(sample_ratio))``. With tracing off, ``Gateway.tracing`` is ``None``
-and each request's trace is :data:`NULL_TRACE`, which has the same methods and does nothing (no
-``is not None`` test in the stages). Spans left open by an exception are
+and each request's trace is :data:`NULL_TRACE`, which has the same methods and does nothing: any
+code may call a request's trace without a test. The per-request sites of the stages (authenticate,
+describe, admission, route, attempt, finish) still skip the calls with one ``trace is NULL_TRACE``
+test each: eleven calls that do nothing are a measurable share of a JSON request's instructions
+(``bench/gateway_inproc.py --instructions``). Spans left open by an exception are
 ended, with error status, when the request ends.
 """
 

@@ -1,6 +1,6 @@
 """Where the gateway's seven-axis view fields come from, beyond the runtime's metrics.
 
-How :class:`~tokenplane.gateway.upstreams.Upstream` fills them:
+How :class:`~tokenplane.gateway.upstream.Upstream` fills them:
 
 * ``weights`` (:data:`WARM`, :data:`WARMING`, :data:`COLD`, what
   :func:`~tokenplane.core.routing.placement.weights_state` reads): ``cold`` until the instance is

@@ -39,17 +39,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
 
 from tokenplane.core.views import RequestInfo, WorkflowContext
-from tokenplane.core.workflow_hints import HEADER_PREFIX, HintError, WorkflowHints, parse_workflow_hints
+from tokenplane.core.workflow_hints import HintError, WorkflowHints, parse_workflow_hints
 from tokenplane.gateway.config import InstanceConfig, LedgerConfig
 from tokenplane.gateway.economics import CostModel, EconomicsMetrics
 from tokenplane.gateway.errors import (
@@ -60,6 +58,8 @@ from tokenplane.gateway.errors import (
     MalformedJSON,
     WorkflowNotFound,
 )
+from tokenplane.gateway.hint_fields import HINT_HEADERS, PRIORITY_HEADER, has_hints, is_int_text, strip_hints
+from tokenplane.gateway.ledger_metrics import LedgerQueueCollector
 from tokenplane.gateway.tenants import Tenant
 from tokenplane.gateway.wire import decode_outcome
 from tokenplane.ledger import (
@@ -88,85 +88,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_HINT_HEADERS = tuple(HEADER_PREFIX + f for f in ("workflow-id", "step", "total-steps", "deadline-s"))
-_PRIORITY_HEADER = HEADER_PREFIX + "priority"
-_HINT_BODY_KEYS = ("metadata", "nvext", "vllm_xargs")
-_METADATA_KEYS = ("workflow_id", "step", "total_steps", "deadline_s", "priority")
 MAX_SPEND_CACHE = 100_000
 """Open workflows whose running spend is kept in memory (oldest forgotten first beyond it)."""
 
 _encode = msgspec.json.Encoder().encode
-
-
-class LedgerQueueCollector:
-    """``/metrics``: the ledger's write queue (its depth, drops, retries, whether it can write)."""
-
-    def __init__(self, workflows: Workflows) -> None:
-        self._wf = workflows
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        ledger = self._wf.ledger
-        if ledger is None:
-            return
-        depth = GaugeMetricFamily(
-            "tokenplane_ledger_buffered_writes", "Ledger writes queued and not yet committed"
-        )
-        depth.add_metric([], ledger.buffered)
-        yield depth
-        up = GaugeMetricFamily(
-            "tokenplane_ledger_available", "1 when the ledger's last write committed, 0 while it cannot write"
-        )
-        up.add_metric([], 0 if ledger.unavailable is not None else 1)
-        yield up
-        dropped = CounterMetricFamily(
-            "tokenplane_ledger_dropped_writes", "Ledger writes dropped: the store was away and the queue full"
-        )
-        dropped.add_metric([], ledger.dropped)
-        yield dropped
-        retries = CounterMetricFamily(
-            "tokenplane_ledger_write_retries", "Ledger batches tried again because the store was unreachable"
-        )
-        retries.add_metric([], ledger.retries)
-        yield retries
-
-
-def _is_int_text(v: str) -> bool:
-    v = v.strip()
-    return v.lstrip("+-").isdigit()
-
-
-def has_hints(headers: Mapping[str, str], body: Mapping[str, Any]) -> bool:
-    """Whether the request carries any workflow hint at all (the cheap test of the hot path)."""
-    for k in _HINT_BODY_KEYS:
-        if k in body:
-            return True
-    for h in _HINT_HEADERS:
-        if h in headers:
-            return True
-    p = headers.get(_PRIORITY_HEADER)
-    return p is not None and _is_int_text(p)
-
-
-def strip_hints(body: dict[str, Any]) -> None:
-    """Remove, in place, the hint fields an upstream would not understand (module docstring)."""
-    body.pop("nvext", None)
-    md = body.get("metadata")
-    if isinstance(md, dict):
-        rest = {k: v for k, v in md.items() if k not in _METADATA_KEYS}
-        if rest:
-            body["metadata"] = rest
-        else:
-            del body["metadata"]
-    xargs = body.get("vllm_xargs")
-    if isinstance(xargs, dict) and isinstance(xargs.get("agentic_context"), dict):
-        rest = {k: v for k, v in xargs.items() if k != "agentic_context"}
-        if rest:
-            body["vllm_xargs"] = rest
-        else:
-            del body["vllm_xargs"]
 
 
 class AttemptLog:
@@ -285,10 +210,10 @@ class Workflows:
         """The request's hints (``None`` when it has none); raises :class:`InvalidHint`."""
         if not has_hints(headers, body):
             return None
-        hdrs = {h: headers[h] for h in _HINT_HEADERS if h in headers}
-        p = headers.get(_PRIORITY_HEADER)
-        if p is not None and _is_int_text(p):
-            hdrs[_PRIORITY_HEADER] = p
+        hdrs = {h: headers[h] for h in HINT_HEADERS if h in headers}
+        p = headers.get(PRIORITY_HEADER)
+        if p is not None and is_int_text(p):
+            hdrs[PRIORITY_HEADER] = p
         res = parse_workflow_hints(
             hdrs,
             body,

@@ -54,8 +54,16 @@ async def test_the_weights_ready_scorer_prefers_the_warm_instance(
         inst = await gw.instances()
         return inst[warming.name]["weights"] == "warming" and inst[warm.name]["weights"] == "warm"
 
+    async def idle() -> bool:
+        # Load outweighs readiness (tenant-priority 3, weights-ready 1): the last request's running
+        # count, still in the warm instance's latest scrape on a loaded machine, would send the next
+        # one to the warming instance. Compare them idle, as the claim is "all else equal".
+        inst = await gw.instances()
+        return all(inst[e.name]["running"] == 0 and inst[e.name]["kv_usage"] == 0.0 for e in (warming, warm))
+
     await wait(states)
     for i in range(4):
+        await wait(idle)
         status, body, _ = await gw.post(
             "/v1/completions", {"model": names.MODEL, "prompt": f"{i} hello", "max_tokens": 4}
         )

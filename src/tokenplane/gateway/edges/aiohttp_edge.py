@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from tokenplane.gateway.edges.fast_request import WRITE_HIGH_WATER_BYTES, drain
+from tokenplane.gateway.edges.chunked import WRITE_HIGH_WATER_BYTES, ChunkedBody, drain
 from tokenplane.gateway.edges.guard import EdgeHandler
 from tokenplane.gateway.errors import BodyTooLarge, RequestTimeout, UnsupportedCoding
 
@@ -32,7 +32,7 @@ class AiohttpClient:
     def __init__(self, request: web.Request) -> None:
         self.request = request
         self._out: web.StreamResponse | None = None
-        self._chunked: asyncio.Transport | None = None
+        self._chunked: ChunkedBody | None = None
 
     @property
     def method(self) -> str:
@@ -113,6 +113,9 @@ class AiohttpClient:
     async def send_json(self, body: bytes, headers: Mapping[str, str] | None = None) -> bool:
         return await self.send(web.Response(body=body, content_type="application/json", headers=headers))
 
+    def send_json_now(self, body: bytes, headers: Mapping[str, str] | None = None) -> bool | None:
+        return None  # aiohttp's response is prepared and written by coroutines
+
     async def open_stream(self, headers: Mapping[str, str]) -> None:
         if self._out is None:
             out = self._out = web.StreamResponse(headers=headers)
@@ -123,38 +126,29 @@ class AiohttpClient:
         return self._out is not None
 
     async def write(self, chunk: bytes) -> None:
-        t = self._chunked
-        if t is None:
+        body = self._chunked
+        if body is None:
             out = self._out
             assert out is not None, "open_stream first"
             await out.write(chunk)
-            if out.headers.get("Transfer-Encoding") == "chunked":  # HTTP/1.1; 1.0 stays on aiohttp
-                self._chunked = self.request.transport
+            t = self.request.transport
+            if t is not None and out.headers.get("Transfer-Encoding") == "chunked":
+                self._chunked = ChunkedBody(t)  # HTTP/1.1; 1.0 stays on aiohttp
             return
-        if t.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        t.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        await drain(t)
+        await body.write(chunk)
 
     @property
-    def chunked(self) -> bool:
-        return self._chunked is not None
-
-    def write_now(self, chunk: bytes) -> bool:
-        t = self._chunked
-        if t is None or t.is_closing():
-            return False
-        t.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        return True
+    def chunks(self) -> ChunkedBody | None:
+        return self._chunked
 
     def backlog(self) -> int:
-        t = self._chunked
-        return 0 if t is None else t.get_write_buffer_size()
+        body = self._chunked
+        return 0 if body is None else body.transport.get_write_buffer_size()
 
     async def drain(self) -> None:
-        t = self._chunked
-        if t is not None and t.get_write_buffer_size() > WRITE_HIGH_WATER_BYTES:
-            await drain(t)
+        body = self._chunked
+        if body is not None and body.transport.get_write_buffer_size() > WRITE_HIGH_WATER_BYTES:
+            await drain(body.transport)
 
     async def end_stream(self) -> None:
         out = self._out

@@ -5,11 +5,13 @@ values an answer's headers depend on (:meth:`ClientStream.note`), and answer it 
 
 * a whole answer at once: :meth:`ClientStream.send` (any ``web.Response``) or
   :meth:`ClientStream.send_json` (an instance's 200 JSON body as it came, with no response object
-  made for it on the fast front);
+  made for it on the fast front; :meth:`ClientStream.send_json_now` first, which the fast front
+  does without a coroutine);
 * an event stream: :meth:`ClientStream.open_stream`, then events with :meth:`ClientStream.write`
-  (a coroutine, with back-pressure) or, on the relay's hot path, :meth:`ClientStream.write_now`
-  (framed straight onto the connection from the upstream connection's callback; ``False`` when it
-  cannot, and the caller awaits :meth:`ClientStream.write`), and :meth:`ClientStream.end_stream`.
+  (a coroutine, with back-pressure) or, on the relay's hot path, through :attr:`ClientStream.chunks`
+  (framed straight onto the connection from the upstream connection's callback, once the stream's
+  head went out; before, the caller awaits :meth:`ClientStream.write`), and
+  :meth:`ClientStream.end_stream`.
 
 An answer that is returned rather than sent (an error, a cache hit) is sent by the edge itself;
 :meth:`ClientStream.answer` is what the edge's handler returns once the answer went out here.
@@ -23,6 +25,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
+
+from tokenplane.gateway.edges.chunked import ChunkedBody
 
 
 class ClientStream(Protocol):
@@ -61,6 +65,11 @@ class ClientStream(Protocol):
         """Write a 200 JSON answer of ``body`` now; ``False`` when the client had gone."""
         ...
 
+    def send_json_now(self, body: bytes, headers: Mapping[str, str] | None = None) -> bool | None:
+        """:meth:`send_json` without a coroutine, where the edge can write it without waiting;
+        ``None`` where it cannot (then await :meth:`send_json`)."""
+        ...
+
     async def open_stream(self, headers: Mapping[str, str]) -> None:
         """Commit to a chunked event stream (its head goes out with the first event)."""
         ...
@@ -75,13 +84,11 @@ class ClientStream(Protocol):
         ...
 
     @property
-    def chunked(self) -> bool:
-        """The stream's head went out and its pieces are framed here (:meth:`write_now` works)."""
-        ...
-
-    def write_now(self, chunk: bytes) -> bool:
-        """One piece framed straight onto the connection, if the stream's head went out and the
-        client is there; ``False`` otherwise (then :meth:`write` it)."""
+    def chunks(self) -> ChunkedBody | None:
+        """Once the stream's head went out and its pieces are framed here: the body, whose
+        :meth:`~tokenplane.gateway.edges.chunked.ChunkedBody.put` writes a piece at once (the
+        relay's hot path, from the upstream connection's callback); ``None`` before (then
+        :meth:`write` it)."""
         ...
 
     def backlog(self) -> int:

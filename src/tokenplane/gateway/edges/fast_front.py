@@ -69,11 +69,12 @@ _HEAD = re.compile(
     # header lines: a token, a colon, field-value characters (HTAB, SP, VCHAR, obs-text); no folding
     rb"((?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*)*)"
 )
-_REFUSED = re.compile(rb"\r\n(?:transfer-encoding|expect|upgrade):", re.IGNORECASE)
-_LENGTH = re.compile(rb"\r\ncontent-length:([^\r]*)", re.IGNORECASE)
+# These three read the header lines lowered once (``bytes.lower``: ASCII only, as ``re.IGNORECASE``
+# is for bytes): a case-blind pattern costs far more per byte scanned than a case-sensitive one.
+_REFUSED = re.compile(rb"\r\n(?:transfer-encoding|expect|upgrade):")
+_LENGTH = re.compile(rb"\r\ncontent-length:([^\r]*)")
 _SINGLETONS = re.compile(
-    rb"\r\n(host|content-type|content-location|content-range|etag|max-forwards|server|user-agent):",
-    re.IGNORECASE,
+    rb"\r\n(host|content-type|content-location|content-range|etag|max-forwards|server|user-agent):"
 )
 """Headers aiohttp refuses to see twice (its ``SINGLETON_HEADERS``; the length is checked apart)."""
 _ENDPOINTS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completions"}
@@ -87,14 +88,15 @@ def _parse_head(head: bytes, max_headers: int = 100) -> tuple[str, str, list[tup
     if m is None:
         return None
     fields = m.group(2)
-    if _REFUSED.search(fields) is not None:
+    lowered = fields.lower()  # header names are case-blind
+    if _REFUSED.search(lowered) is not None:
         return None
-    lengths = _LENGTH.findall(fields)
+    lengths = _LENGTH.findall(lowered)
     if len(lengths) != 1:
         return None
     # Exactly one Host (RFC 9112 3.2) and no repeated singleton: aiohttp answers those 400, and
     # the two parsers must agree (both found by fuzz/fuzz_request_parser.py).
-    singletons = [n.lower() for n in _SINGLETONS.findall(fields)]
+    singletons = _SINGLETONS.findall(lowered)
     if singletons.count(b"host") != 1 or len(set(singletons)) != len(singletons):
         return None
     digits = lengths[0].lstrip(b" \t")

@@ -14,12 +14,10 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
+from tokenplane.gateway.edges.chunked import WRITE_HIGH_WATER_BYTES, ChunkedBody, drain, frame
+
 SERVER_HEADER = "tokenplane"
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
-
-WRITE_HIGH_WATER_BYTES = 1 << 16
-"""Unsent bytes to a client above which a stream waits for the client to read (back-pressure)."""
-DRAIN_POLL_S = 0.005
 
 
 class _Date:
@@ -60,7 +58,6 @@ class FastRequest:
         "_chunked",
         "_ended",
         "_pending_head",
-        "_streaming",
         "_values",
         "body",
         "done",
@@ -70,6 +67,7 @@ class FastRequest:
         "method",
         "path",
         "started",
+        "streaming",
         "transport",
     )
 
@@ -93,10 +91,10 @@ class FastRequest:
         self.started = False  # the answer's head has been written
         self.done = False  # and all of it
         self._values: dict[Any, Any] = {}
-        self._streaming = False
+        self.streaming = False  # open_stream was called (an attribute: the front reads it per request)
         self._pending_head = b""  # a stream's head, sent with its first chunk (one write)
         self._ended = False
-        self._chunked: asyncio.Transport | None = None  # once the stream's head went out
+        self._chunked: ChunkedBody | None = None  # once the stream's head went out
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._values[key] = value
@@ -126,11 +124,11 @@ class FastRequest:
 
     async def open_stream(self, headers: Mapping[str, str]) -> None:
         """The head is made here and goes out with the first chunk (one write, as aiohttp does)."""
-        if self._streaming:
+        if self.streaming:
             return
         if self.transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
-        self._streaming = True
+        self.streaming = True
         close = b"" if self.keep_alive else b"Connection: close\r\n"
         head = _head(200, headers.items(), self.extra_headers(self))
         self._pending_head = b"%sTransfer-Encoding: chunked\r\nDate: %s\r\n%s\r\n" % (
@@ -140,40 +138,26 @@ class FastRequest:
         )
         self.started = True  # committed: no other answer can follow
 
-    @property
-    def streaming(self) -> bool:
-        return self._streaming
-
     async def write(self, chunk: bytes) -> None:
         """One chunk; back-pressure as the relay's: above the high-water mark, wait for the client."""
-        t = self._chunked
-        if t is None:
-            assert self._streaming, "open_stream first"
+        body = self._chunked
+        if body is None:
+            assert self.streaming, "open_stream first"
             if not chunk:
                 return
             t = self.transport
             if t.is_closing():
                 raise ConnectionResetError("the client closed the connection")
-            t.write(b"%s%x\r\n%s\r\n" % (self._pending_head, len(chunk), chunk))
+            t.write(self._pending_head + frame(chunk))
             self._pending_head = b""
-            self._chunked = t
+            self._chunked = ChunkedBody(t)
             await drain(t)
             return
-        if t.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        t.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        await drain(t)
+        await body.write(chunk)
 
     @property
-    def chunked(self) -> bool:
-        return self._chunked is not None
-
-    def write_now(self, chunk: bytes) -> bool:
-        t = self._chunked
-        if t is None or t.is_closing():
-            return False
-        t.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        return True
+    def chunks(self) -> ChunkedBody | None:
+        return self._chunked
 
     def backlog(self) -> int:
         return self.transport.get_write_buffer_size()
@@ -186,7 +170,7 @@ class FastRequest:
 
     def end_now(self) -> None:
         """The stream's last chunk (once; the front ends a stream its handler left open)."""
-        if self._ended or not self._streaming:
+        if self._ended or not self.streaming:
             return
         self._ended = True
         t = self.transport
@@ -216,15 +200,6 @@ class FastRequest:
         self.transport.write(_message(200, items, self.extra_headers(self), self.keep_alive, body))
         self.started = self.done = True
         return True
-
-
-async def drain(t: asyncio.Transport) -> None:
-    """Wait while more than :data:`WRITE_HIGH_WATER_BYTES` to the client are unsent; a client
-    that closed meanwhile is a ``ConnectionResetError``."""
-    while t.get_write_buffer_size() > WRITE_HIGH_WATER_BYTES:
-        if t.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        await asyncio.sleep(DRAIN_POLL_S)
 
 
 _SKIP = frozenset(("content-length", "transfer-encoding", "connection", "date", "server"))

@@ -27,6 +27,10 @@ RUNTIMES: Mapping[str, Runtime] = {
     r.kind: r for r in (vllm.RUNTIME, emulated.RUNTIME, sglang.RUNTIME, llamacpp.RUNTIME, openai.RUNTIME)
 }
 
+PD_RUNTIMES: Mapping[str, vllm.VllmKvTransfer] = {"vllm": vllm.KV_TRANSFER, "emulated": vllm.KV_TRANSFER}
+"""Kinds that serve a disaggregated pool (vLLM's KV-transfer flow; the emulator plays it), and
+their request bodies for it."""
+
 DEFAULT_RUNTIME = vllm.RUNTIME
 """What the gateway assumed of every instance before runtimes were adapters (vLLM's continuation)."""
 
@@ -36,4 +40,12 @@ def runtime_for(kind: str) -> Runtime:
     return RUNTIMES[kind]
 
 
-__all__ = ["DEFAULT_RUNTIME", "RUNTIMES", "Capabilities", "Runtime", "RuntimeMetrics", "runtime_for"]
+__all__ = [
+    "DEFAULT_RUNTIME",
+    "PD_RUNTIMES",
+    "RUNTIMES",
+    "Capabilities",
+    "Runtime",
+    "RuntimeMetrics",
+    "runtime_for",
+]

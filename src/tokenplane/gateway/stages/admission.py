@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 
+from tokenplane.core.admission import Admission as QueueAdmission
 from tokenplane.core.admission import PriorityClass
+from tokenplane.core.views import RequestInfo
 from tokenplane.gateway.admission import PRIORITY_HEADER, PoolAdmission, priority_for
 from tokenplane.gateway.errors import NoHealthyInstance
 from tokenplane.gateway.stages.context import RequestContext
 from tokenplane.gateway.stages.pipeline import Clock
+from tokenplane.gateway.tracing import NULL_TRACE
 
 
 class Admission:
@@ -22,7 +25,7 @@ class Admission:
         self.retry_after = retry_after
         self.clock = clock
 
-    def enter(self, ctx: RequestContext) -> Awaitable[None]:
+    def enter(self, ctx: RequestContext) -> Awaitable[None] | None:
         pool = self.pools[ctx.model]
         capacity: int | None = None
         if ctx.deferred:
@@ -42,16 +45,32 @@ class Admission:
                 assert tenant is not None
                 header = ctx.client.headers.get(PRIORITY_HEADER)
                 priority = priority_for(tenant.priority, header, tenant.allow_priority_raise)
-        return self._admit(ctx, pool, priority, capacity)
+        info = ctx.info
+        assert info is not None
+        if ctx.trace is not NULL_TRACE:
+            return self._admit(ctx, pool, priority, capacity)
+        # Tracing off: the offer without a coroutine; only a queued request has one to wait in.
+        adm = pool.offer(info, priority, ctx.arrival, capacity)
+        if not adm.admitted:
+            return self._wait(ctx, pool, info, adm)
+        ctx.deadline_s = adm.deadline_s
+        ctx.admitted = True
+        return None
+
+    async def _wait(
+        self, ctx: RequestContext, pool: PoolAdmission, info: RequestInfo, adm: QueueAdmission
+    ) -> None:
+        ctx.deadline_s = await pool.wait(info, adm, ctx.arrival)
+        ctx.admitted = True
 
     async def _admit(
         self, ctx: RequestContext, pool: PoolAdmission, priority: PriorityClass, capacity: int | None
     ) -> None:
         trace = ctx.trace
-        span = trace.begin_admission(priority)  # (enum properties cost: the trace reads them)
-        started = self.clock()
         info = ctx.info
         assert info is not None
+        span = trace.begin_admission(priority)  # (enum properties cost: the trace reads them)
+        started = self.clock()
         ctx.deadline_s = await pool.admit(info, priority, ctx.arrival, capacity)
         ctx.admitted = True
         trace.admitted(span, started)

@@ -9,7 +9,7 @@ its span, its upstream-duration metrics and its ledger record.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 from yarl import URL
@@ -36,10 +36,15 @@ from tokenplane.gateway.proxy import (
 from tokenplane.gateway.resilience import Resilience
 from tokenplane.gateway.response_cache import CACHE_HEADER
 from tokenplane.gateway.stages.context import RequestContext
-from tokenplane.gateway.transports.base import Transports
+from tokenplane.gateway.tracing import NULL_TRACE
+from tokenplane.gateway.transports.base import Transports, UpstreamReply
 from tokenplane.gateway.upstreams import Upstream, UpstreamPool
 
 _CACHE_MISS: Mapping[str, str] = {CACHE_HEADER: "miss"}
+
+Check = Callable[[UpstreamReply, Upstream], Awaitable[UpstreamReply]]
+"""Looks at a reply before it is answered or relayed; returns the reply to use, or raises (P/D's
+decode answer checked for a failed KV load: :mod:`tokenplane.gateway.disagg.decode_check`)."""
 
 
 def upstream_url(upstream: Upstream, endpoint: str) -> URL:
@@ -79,6 +84,7 @@ class Attempts:
         first_byte_s: float | None,
         headers: dict[str, str] | None = None,
         by_budget: bool = False,
+        check: Check | None = None,
     ) -> tuple[AttemptOutcome, web.StreamResponse | None, GatewayError | None]:
         """One attempt on one instance: (its outcome, the client response if it produced one, its error).
 
@@ -110,6 +116,8 @@ class Attempts:
                     self.transports, upstream, url, body, headers, first_byte_s=first_byte_s
                 )
                 upstream.heard_at = time.monotonic()
+                if check is not None:
+                    resp = await check(resp, upstream)
                 if resp.status != 200:
                     out = await rejection(resp, upstream)  # raises for 5xx and non-OpenAI 4xx
                     ex.outcome = OUTCOME_UPSTREAM_REJECTED
@@ -122,11 +130,13 @@ class Attempts:
                     upstream.record_success()
                     latency = time.monotonic() - started
                     client = ex.client
+                    extra = None
                     if ex.cacheable:  # the response cache keeps it once it is sent
                         ex.answer_body = data
-                        sent = await client.send_json(data, _CACHE_MISS)
-                    else:
-                        sent = await client.send_json(data)
+                        extra = _CACHE_MISS
+                    sent = client.send_json_now(data, extra)  # (no coroutine where the edge can)
+                    if sent is None:
+                        sent = await client.send_json(data, extra)
                     if not sent:
                         ex.outcome = OUTCOME_CLIENT_GONE
                     return _outcome(result, upstream, 0, latency), client.answer(), None
@@ -150,7 +160,11 @@ class Attempts:
                 else:
                     abandoned = True
                 raise
-            end = await splicer.relay(resp, ex, upstream)
+            try:
+                end = await splicer.relay(resp, ex, upstream)
+            except BaseException:  # cancelled: the client left; the instance was answering
+                result = AttemptResult.OK
+                raise
             delivered = end.tokens
             latency = end.latency_s
             if latency is not None and end.tokens > 0:
@@ -191,6 +205,7 @@ class Attempts:
         kind: AttemptKind,
         number: int,
         by_budget: bool = False,
+        check: Check | None = None,
     ) -> tuple[AttemptOutcome, web.StreamResponse | None, GatewayError | None]:
         """:meth:`attempt`, with its span, its upstream-duration metrics and its ledger record."""
         info, model = ex.info, ex.served
@@ -198,8 +213,9 @@ class Attempts:
         trace = ex.trace
         base = splicer.delivered_tokens if splicer is not None else 0
         tokens_in = info.prompt_tokens + base
-        span = trace.begin_attempt(upstream.id, number, kind, tokens_in)
-        headers = trace.headers(span)
+        traced = trace is not NULL_TRACE  # (tracing off: not even the null trace's calls)
+        span = trace.begin_attempt(upstream.id, number, kind, tokens_in) if traced else None
+        headers = trace.headers(span) if traced else None
         started = time.monotonic()
         outcome: AttemptOutcome | None = None
         out: web.StreamResponse | None = None
@@ -207,7 +223,7 @@ class Attempts:
         reason = OUTCOME_CLIENT_GONE
         try:
             outcome, out, error = await self.attempt(
-                ex, body, upstream, splicer, first_byte_s, headers, by_budget
+                ex, body, upstream, splicer, first_byte_s, headers, by_budget, check
             )
             return outcome, out, error
         except GatewayError as exc:
@@ -218,6 +234,11 @@ class Attempts:
             ok = outcome is not None and error is None and out is not None and ex.outcome == OUTCOME_OK
             if outcome is not None:
                 reason = error.outcome if error is not None else ex.outcome
+            elif ex.answered and splicer is not None and splicer.left_after is not None:
+                # cancelled once the whole answer was written ([DONE]): the client left with it
+                end = splicer.left_after
+                outcome = _outcome(AttemptResult.OK, upstream, end.tokens, end.latency_s)
+                ok, reason = ex.outcome == OUTCOME_OK, ex.outcome
             if splicer is not None:
                 delivered = max(0, splicer.delivered_tokens - base)
                 tokens_out = outcome.tokens_delivered if outcome is not None else delivered
@@ -229,5 +250,6 @@ class Attempts:
             cost = 0.0
             if ex.ledger is not None:
                 cost = ex.ledger.done(info, upstream.config, tokens_in, tokens_out, ok, reason)
-            result = outcome.result.value if outcome is not None else reason
-            trace.end_attempt(span, None if ok else reason, result, tokens_out, cost)
+            if traced:
+                result = outcome.result.value if outcome is not None else reason
+                trace.end_attempt(span, None if ok else reason, result, tokens_out, cost)

@@ -33,6 +33,7 @@ class RequestContext:
     __slots__ = (
         "admitted",
         "answer_body",
+        "answered",
         "arrival",
         "cache_key",
         "cacheable",
@@ -94,6 +95,9 @@ class RequestContext:
         self.ttft_s: float | None = None
         self.events_sent = 0
         self.completion_tokens = 0
+        # the stream's last event (``data: [DONE]``) was written to the client's connection: a
+        # client that leaves after that got the whole answer (an ``ok``, not a disconnect)
+        self.answered = False
 
 
 __all__ = ["OUTCOME_OK", "RequestContext"]

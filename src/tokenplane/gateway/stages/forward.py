@@ -20,6 +20,7 @@ from tokenplane.gateway.errors import GatewayError, NoHealthyInstance
 from tokenplane.gateway.resilience import Resilience
 from tokenplane.gateway.stages.attempt import Attempts
 from tokenplane.gateway.stages.context import RequestContext
+from tokenplane.gateway.tracing import NULL_TRACE
 from tokenplane.gateway.upstreams import Upstream, UpstreamPool
 
 _encode = msgspec.json.Encoder().encode
@@ -94,7 +95,8 @@ class Forward:
             info,
             now=now,
             deadline_s=max(deadline_s, life) if parsed.stream else deadline_s,
-            allow_continuation=tenant.continuation and can_continue(parsed),
+            # only a stream is ever continued (a JSON answer delivers no token before it ends)
+            allow_continuation=parsed.stream and tenant.continuation and can_continue(parsed),
         )
         attempt = next(plan)
         error: GatewayError | None = None
@@ -113,7 +115,8 @@ class Forward:
                 if ttft_left is not None and ttft_left <= 0 and error is not None:
                     break  # nothing delivered and the latency budget is spent: no retry
                 trace = ex.trace
-                rspan = trace.begin_step("tokenplane.route")
+                traced = trace is not NULL_TRACE  # (tracing off: not even the null trace's calls)
+                rspan = trace.begin_step("tokenplane.route") if traced else None
                 try:
                     upstream, decision = self.route(info, model, now, attempt.exclude)
                 except NoHealthyInstance as exc:
@@ -121,8 +124,9 @@ class Forward:
                     if error is None:
                         error = exc
                     break
-                ex.reason = decision.reason.value
-                trace.routed(rspan, upstream.id, ex.reason)
+                ex.reason = decision.reason._value_  # (``.value`` is two Python calls: a descriptor)
+                if traced:
+                    trace.routed(rspan, upstream.id, ex.reason)
                 # The latency budget is a time-to-first-token budget. A stream's headers come at
                 # once, so it bounds their wait; a plain answer's headers come with its last token,
                 # so there the budget bounds only the queue and retries, not a long generation.
@@ -136,14 +140,7 @@ class Forward:
                     plan.close()
                     ex.response = out
                     return
-                if (
-                    splicer is not None
-                    and splicer.started
-                    and parsed.max_tokens is not None
-                    and splicer.delivered_tokens >= parsed.max_tokens
-                ):
-                    await splicer.end_length()  # all asked for was sent; only the end was lost
-                    ex.response = splicer.out
+                if await delivered_all(ex, splicer):
                     return
                 try:
                     attempt = plan.send(outcome)
@@ -152,8 +149,31 @@ class Forward:
         finally:
             plan.close()
         assert error is not None
-        if splicer is not None and splicer.started:
-            ex.outcome = error.outcome
-            ex.response = await splicer.fail(error)
-            return
-        raise error
+        await settle_failure(ex, splicer, error)
+
+
+async def delivered_all(ex: RequestContext, splicer: StreamSplicer | None) -> bool:
+    """After a failed attempt: True when the stream already carried every token the client asked
+    for and only its end was lost; the stream is then ended (``finish_reason: length``)."""
+    parsed = ex.parsed
+    if (
+        splicer is None
+        or not splicer.started
+        or parsed is None
+        or parsed.max_tokens is None
+        or splicer.delivered_tokens < parsed.max_tokens
+    ):
+        return False
+    await splicer.end_length(ex)
+    ex.response = splicer.out
+    return True
+
+
+async def settle_failure(ex: RequestContext, splicer: StreamSplicer | None, error: GatewayError) -> None:
+    """The retry plan is spent: a started stream ends with the error as its last event, anything
+    else raises it (the client gets it as an error answer)."""
+    if splicer is not None and splicer.started:
+        ex.outcome = error.outcome
+        ex.response = await splicer.fail(error)
+        return
+    raise error

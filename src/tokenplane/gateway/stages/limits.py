@@ -17,6 +17,7 @@ from tokenplane.gateway.kv_events import KvEventsSubscriber
 from tokenplane.gateway.request import ASSUMED_OUTPUT_TOKENS, ParsedRequest
 from tokenplane.gateway.stages.context import RequestContext
 from tokenplane.gateway.tenants import Tenant
+from tokenplane.gateway.tracing import NULL_TRACE
 from tokenplane.gateway.workflows import AttemptLog, Workflows
 
 
@@ -38,26 +39,30 @@ class Describer:
         now: float,
         hints: WorkflowHints | None = None,
     ) -> RequestInfo:
+        # (no call where nothing publishes KV events: the approximate index, the usual case)
+        cached = None if self.kv_events is None else self._cached_prefix(parsed)
         return RequestInfo(
             request_id=self._id_prefix + str(next(self._ids)),
             model=model.name,
             prompt_tokens=parsed.prompt_tokens,
             max_output_tokens=parsed.max_tokens or ASSUMED_OUTPUT_TOKENS,
-            block_hashes=block_hashes(parsed.prompt_text),
+            # precise mode matches token blocks: the approximate chain is neither read nor recorded
+            block_hashes=block_hashes(parsed.prompt_text) if cached is None else (),
             tenant=tenant.name,
             priority=tenant.priority if hints is None else hints.priority,
             arrival_s=now,
             workflow=None if hints is None else hints.workflow,
-            cached_prefix_tokens=self._cached_prefix(parsed),
+            cached_prefix_tokens=cached,
             adapter=parsed.model if parsed.model in model.adapters else None,
         )
 
     def _cached_prefix(self, parsed: ParsedRequest) -> dict[str, int] | None:
         """Precise mode: exact cached tokens per instance from vLLM's KV events, where the request
-        carries token ids and some instance publishes events; else ``None`` (approximate index)."""
+        has token ids (sent by the client, or from the model's tokenizer: the tokenize stage) and
+        some instance publishes events; else ``None`` (approximate index)."""
         if self.kv_events is None or parsed.token_ids is None:
             return None
-        return self.kv_events.index.match_tokens(parsed.token_ids)
+        return self.kv_events.index.match_tokens(parsed.token_ids, blocks=parsed.token_blocks)
 
 
 class TenantLimits:
@@ -81,7 +86,9 @@ class TenantLimits:
             raise
         if self.ledger_on:
             ctx.ledger = AttemptLog(self.workflows)
-        ctx.trace.described(tenant.name, model.name, parsed.stream, info)
+        trace = ctx.trace
+        if trace is not NULL_TRACE:  # (tracing off: not even the null trace's call)
+            trace.described(tenant.name, model.name, parsed.stream, info)
 
     def exit(self, ctx: RequestContext) -> None:
         assert ctx.caller is not None

@@ -74,7 +74,8 @@ class Pipeline:
             ctx.response = error_response(exc)
         except BaseException as other:
             if not isinstance(other, Exception):  # cancelled: the client went away
-                ctx.outcome = OUTCOME_CLIENT_GONE
+                if not ctx.answered:  # (after the whole answer, it left as a client does)
+                    ctx.outcome = OUTCOME_CLIENT_GONE
                 raise
             log.exception("unexpected error in the request path")
             ctx.outcome = "internal_error"

@@ -13,6 +13,7 @@ Interpreted on purpose (not in ``COMPILED_MODULES``): it is in the chain only wh
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 
@@ -21,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter
 from tokenplane.gateway.config import TenantConfig
 from tokenplane.gateway.errors import TenantConcurrencyExceeded, TenantRateLimited
 from tokenplane.gateway.stages.context import RequestContext
-from tokenplane.shared_state.quotas import LocalQuotas, QuotaDecision, QuotaReason, TenantQuota
+from tokenplane.shared_state.quotas import WINDOW_S, LocalQuotas, QuotaDecision, QuotaReason, TenantQuota
 from tokenplane.shared_state.redis_backend import RedisState
 
 MAX_KEY_IDS = 4096
@@ -44,6 +45,34 @@ def tenant_quotas(tenants: Sequence[TenantConfig], *, shared_concurrency: bool) 
     return out
 
 
+class KeyIds:
+    """A stable id of the caller's API key (the same on every replica: a SHA-256 of the header),
+    remembered per header without keeping the header: as the authenticator's memo does
+    (:mod:`tokenplane.gateway.tenants`), by two of Python's keyed string hashes, of the header and
+    of a per-process salt followed by it. At most :data:`MAX_KEY_IDS` headers, then it starts over."""
+
+    __slots__ = ("_ids", "_salt")
+
+    def __init__(self) -> None:
+        self._ids: dict[int, tuple[int, str]] = {}
+        self._salt = os.urandom(16).hex()
+
+    def __call__(self, authorization: str) -> str:
+        tag = hash(authorization)
+        check = hash(self._salt + authorization)
+        known = self._ids.get(tag)
+        if known is not None and known[0] == check:
+            return known[1]
+        if len(self._ids) >= MAX_KEY_IDS:
+            self._ids.clear()
+        key_id = hashlib.sha256(authorization.encode("utf-8", "replace")).hexdigest()[:24]
+        self._ids[tag] = (check, key_id)
+        return key_id
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
 class Quotas:
     """The stage (see the module docstring); ``shared`` None: the memory backend."""
 
@@ -52,12 +81,13 @@ class Quotas:
         quotas: Mapping[str, TenantQuota],
         shared: RedisState | None,
         registry: CollectorRegistry,
+        window_s: float = WINDOW_S,
     ) -> None:
         self.quotas = quotas
         self.shared = shared
-        self.local = LocalQuotas()
+        self.local = LocalQuotas(window_s)
         self._held: dict[int, tuple[TenantQuota, str, str, bool]] = {}
-        self._key_ids: dict[str, str] = {}
+        self.key_ids = KeyIds()
         self.refused = Counter(
             "tokenplane_quota_refusals",
             "Requests refused by a tenant's shared limits, by the limit that refused",
@@ -66,14 +96,7 @@ class Quotas:
         )
 
     def _key_id(self, ctx: RequestContext) -> str:
-        """A stable id of the caller's API key (a digest, never the key)."""
-        auth = ctx.client.headers.get("Authorization") or ""
-        key_id = self._key_ids.get(auth)
-        if key_id is None:
-            if len(self._key_ids) >= MAX_KEY_IDS:
-                self._key_ids.clear()
-            key_id = self._key_ids[auth] = hashlib.sha256(auth.encode("utf-8", "replace")).hexdigest()[:24]
-        return key_id
+        return self.key_ids(ctx.client.headers.get("Authorization") or "")
 
     def enter(self, ctx: RequestContext) -> Awaitable[None] | None:
         tenant = ctx.caller

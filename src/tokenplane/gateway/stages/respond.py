@@ -10,7 +10,7 @@ from tokenplane.gateway.path_metrics import PathMetrics
 from tokenplane.gateway.proxy import OUTCOME_CLIENT_GONE, OUTCOME_OK
 from tokenplane.gateway.stages.context import RequestContext
 from tokenplane.gateway.stages.pipeline import Clock
-from tokenplane.gateway.tracing import Tracing
+from tokenplane.gateway.tracing import NULL_TRACE, Tracing
 
 
 class Respond:
@@ -44,4 +44,6 @@ class Respond:
             self.path_metrics.request(ctx.model, ctx.tenant, elapsed)
         if ctx.ledger is not None:
             ctx.ledger.finish(failed=ctx.outcome not in (OUTCOME_OK, OUTCOME_CLIENT_GONE))
-        ctx.trace.finish(ctx.outcome)
+        trace = ctx.trace
+        if trace is not NULL_TRACE:  # (tracing off: not even the null trace's call)
+            trace.finish(ctx.outcome)

@@ -89,7 +89,12 @@ class Transports:
 
     def for_upstream(self, upstream: Upstream, url: URL) -> UpstreamTransport:
         direct = self.direct
-        return direct if direct is not None and url in upstream.heads else self.general
+        if direct is None or upstream.direct is None:
+            return self.general
+        # the completion URLs by identity first: hashing a yarl URL is a Python call
+        if url is upstream.chat_url or url is upstream.completions_url or url in upstream.heads:
+            return direct
+        return self.general
 
 
 __all__ = ["Sink", "Transports", "UpstreamReply", "UpstreamTransport"]

@@ -233,7 +233,7 @@ class UpstreamClient:
             try:
                 while not conn.status:  # the headers (inline: a coroutine fewer per request)
                     if conn._error is not None:
-                        raise conn._error
+                        conn.raise_error()
                     await conn._wait(wait_s)
             except UpstreamConnectionError:
                 if reused and not conn.got_bytes:  # an idle connection closed as we sent: once more
@@ -277,7 +277,14 @@ class HttptoolsTransport:
     ) -> Coroutine[Any, Any, UpstreamResponse]:
         direct = upstream.direct
         assert direct is not None, "a plain http:// instance"
+        # the completion URLs' heads by identity (hashing a yarl URL is a Python call)
+        if url is upstream.chat_url:
+            head = upstream.chat_head
+        elif url is upstream.completions_url:
+            head = upstream.completions_head
+        else:
+            head = upstream.heads[url]
+        assert head is not None
         # the client's coroutine itself, not one wrapping it: one frame fewer per request
-        return self.client.post(
-            direct[0], direct[1], upstream.heads[url], body, extra_headers, headers_timeout_s=first_byte_s
-        )
+        host, port = direct
+        return self.client.post(host, port, head, body, extra_headers, headers_timeout_s=first_byte_s)

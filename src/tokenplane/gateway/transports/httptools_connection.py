@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 from collections.abc import Callable
-from typing import cast
+from typing import NoReturn, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -23,6 +24,18 @@ SINK_TAKEN = 1
 """...taken: keep handing pieces over..."""
 SINK_TAKEN_WAKE = 2
 """...taken, and wake the reader (a full write buffer to wait on)."""
+
+
+class _NoCallbacks:
+    """The callbacks of :data:`_DETACHED`: none."""
+
+
+_DETACHED = httptools.HttpResponseParser(_NoCallbacks())
+"""What a closed connection holds instead of its parser. The parser holds the connection's bound
+callbacks (a reference cycle): dropping it on close lets reference counting free the connection at
+once. Left to the collector, a closed connection that had lived long in the pool (promoted to an
+old generation) waited, with its buffers, error and traceback, for a full collection: under
+:data:`~tokenplane.runloop.GC_YOUNG_THRESHOLD` those come hours apart (the soak's RSS growth)."""
 
 
 class _Connection(asyncio.Protocol):
@@ -82,6 +95,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self._parser = _DETACHED  # no data comes after this: the cycle through it ends here
         self._cancel_timer()
         if not self._complete and self._error is None:
             self._error = UpstreamConnectionError(
@@ -176,9 +190,16 @@ class _Connection(asyncio.Protocol):
             return  # not waiting now: the next wait arms a new timer
         if self._loop.time() >= self._deadline:
             w.set_exception(TimeoutError())
+            self._waiter = None  # its error's traceback will hold this connection: no cycle
         else:
             self._timer = self._loop.call_at(self._deadline, self._on_timer)
             self._timer_at = self._deadline
+
+    def raise_error(self) -> NoReturn:
+        """Raise a copy of the connection's error: the one raised carries a traceback whose frames
+        hold this connection, which must not hold it back (a cycle left to the collector)."""
+        assert self._error is not None
+        raise copy.copy(self._error)
 
     def headers(self) -> CIMultiDictProxy[str]:
         if self._headers is None:
@@ -192,7 +213,7 @@ class _Connection(asyncio.Protocol):
             if self._complete:
                 return b""
             if self._error is not None:
-                raise self._error
+                self.raise_error()
             await self._wait(timeout_s)
         return self.take_buffered()
 

@@ -1,0 +1,180 @@
+"""The encoder behind the local tokenizer: tiktoken where it gives the ``tokenizers`` library's ids
+exactly, checked at load, else ``tokenizers`` with the reason."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from tokenplane.gateway.errors import ConfigError
+from tokenplane.gateway.tokenization import LocalTokenizer, TokenizerConfig
+from tokenplane.gateway.tokenization.encoder import PROBE
+
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+
+
+@pytest.fixture(scope="module")
+def split_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
+    """A Llama-3-shaped tokenizer: Split(Llama 3's regex, Isolated) then ByteLevel(use_regex=false),
+    a post-processor that adds BOS, trained with the ``tokenizers`` library on varied text."""
+    folder = tmp_path_factory.mktemp("tok") / "split"
+    folder.mkdir()
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1500,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = [*PROBE, *(Path(__file__).parent.glob("*.py"))]
+    tok.train_from_iterator([c if isinstance(c, str) else c.read_text() for c in corpus] * 3, trainer=trainer)
+    bos = tok.token_to_id(SPECIALS[0])
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{SPECIALS[0]} $A", pair=f"{SPECIALS[0]} $A $B", special_tokens=[(SPECIALS[0], bos)]
+    )
+    tok.save(str(folder / "tokenizer.json"))
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _edited(src: Path, dst: Path, edit: Any) -> Path:
+    shutil.copytree(src, dst)
+    spec = json.loads((dst / "tokenizer.json").read_text())
+    edit(spec)
+    (dst / "tokenizer.json").write_text(json.dumps(spec))
+    return dst
+
+
+def test_byte_level_tokenizers_run_on_tiktoken(tokenizer_dir: Path, split_dir: Path) -> None:
+    for folder in (tokenizer_dir, split_dir):
+        tok = LocalTokenizer(folder)
+        assert (tok.encoder.name, tok.encoder_reason) == ("tiktoken", None)
+    # the post-processor's BOS on text prompts, as tokenizers adds it
+    tok = LocalTokenizer(split_dir)
+    assert tok.text("hello there") == tok.tokenizer.encode("hello there", add_special_tokens=True).ids
+    assert tok.text("hello there")[0] == tok.tokenizer.token_to_id(SPECIALS[0])
+
+
+def _text(added: list[str]) -> st.SearchStrategy[str]:
+    piece = st.one_of(
+        st.text(max_size=12),  # any unicode, surrogates excluded
+        st.text(alphabet=st.sampled_from(list(" \n\t\r'sltdmrev0123456789.,:_-<|>éà水👍")), max_size=20),
+        st.sampled_from([*added, *(a[:-1] for a in added), " ", "  ", "\n\n", "'ll", "'S"]),
+    )
+    return st.lists(piece, max_size=12).map("".join)
+
+
+@pytest.fixture(scope="module")
+def loaded(tokenizer_dir: Path, split_dir: Path) -> dict[str, LocalTokenizer]:
+    return {"tiny": LocalTokenizer(tokenizer_dir), "split": LocalTokenizer(split_dir)}
+
+
+@pytest.mark.parametrize("which", ["tiny", "split"])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_tiktoken_ids_are_tokenizers_ids(
+    which: str, loaded: dict[str, LocalTokenizer], data: st.DataObject
+) -> None:
+    tok = loaded[which]
+    assert tok.encoder.name == "tiktoken"
+    text = data.draw(_text(sorted(t.content for t in tok.tokenizer.get_added_tokens_decoder().values())))
+    enc = tok.encoder.encode(text)
+    want = tok.tokenizer.encode(text, add_special_tokens=False)
+    assert enc.ids == want.ids
+    for i, token in enumerate(want.ids):  # where the added tokens are, which the prefix cache cuts at
+        if token in tok.added_ids:
+            assert enc.token_to_chars(i) == want.token_to_chars(i)
+    assert tok.text(text) == tok.tokenizer.encode(text, add_special_tokens=True).ids
+
+
+def _swap_merges(spec: dict[str, Any]) -> None:
+    merges = spec["model"]["merges"]
+    merges[10], merges[11] = merges[11], merges[10]
+
+
+def _flag(flag: str) -> Any:
+    def edit(spec: dict[str, Any]) -> None:
+        spec["added_tokens"][3][flag] = True
+
+    return edit
+
+
+def _prefix_token(spec: dict[str, Any]) -> None:
+    new = max(spec["model"]["vocab"].values()) + 1
+    flags = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+    spec["added_tokens"].append({"id": new, "content": "<|im", **flags})
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda s: s.update(normalizer={"type": "NFC"}), "normalizer NFC"),
+        (lambda s: s.update(normalizer={"type": "Lowercase"}), "normalizer Lowercase"),
+        (_swap_merges, "merges are not in the order"),
+        (_flag("lstrip"), "has lstrip"),
+        (_flag("single_word"), "has single_word"),
+        (_prefix_token, "is a prefix of"),
+        (lambda s: s["pre_tokenizer"].update(add_prefix_space=True), "add_prefix_space"),
+        (lambda s: s.update(pre_tokenizer={"type": "Whitespace"}), "pre-tokenizer Whitespace"),
+        (lambda s: s["model"].update(byte_fallback=True), "byte_fallback"),
+    ],
+)
+def test_what_tiktoken_cannot_run_exactly_falls_back_with_its_reason(
+    tokenizer_dir: Path, tmp_path: Path, edit: Any, reason: str
+) -> None:
+    folder = _edited(tokenizer_dir, tmp_path / "tok", edit)
+    tok = LocalTokenizer(folder)
+    assert tok.encoder.name == "hf"
+    assert tok.encoder_reason is not None and reason in tok.encoder_reason
+    # and it still tokenizes, as tokenizers does
+    text = "<|im_start|>user\nHi there<|im_end|>\n"
+    assert tok.text(text) == tok.tokenizer.encode(text).ids
+    with pytest.raises(ConfigError, match="tiktoken is not exact"):
+        LocalTokenizer(folder, encoder="tiktoken")
+
+
+def test_a_probe_mismatch_falls_back(tokenizer_dir: Path, tmp_path: Path) -> None:
+    """A tokenizer that passes the structural checks but tokenizes differently (a vocabulary entry
+    two merges reach, which tiktoken would make and tokenizers would not) is caught by the probe."""
+
+    def unreachable(spec: dict[str, Any]) -> None:
+        # a word piece "Ġxy" that the vocabulary has but no merge makes: tiktoken merges any pair
+        # whose concatenation is in the vocabulary, tokenizers only the listed merges
+        vocab = spec["model"]["vocab"]
+        heads = [t for t in vocab if t.startswith("Ġ") and t[1:].isalpha() and len(t) > 2]
+        tails = [t for t in vocab if t.isalpha() and len(t) > 1]
+        x, y = next((h, t) for h in heads for t in tails if h + t not in vocab)
+        vocab[x + y] = max(vocab.values()) + 1
+
+    folder = _edited(tokenizer_dir, tmp_path / "tok", unreachable)
+    tok = LocalTokenizer(folder)
+    assert tok.encoder.name == "hf"
+    assert tok.encoder_reason is not None and "differ" in tok.encoder_reason
+
+
+def test_the_encoder_knob(tokenizer_dir: Path) -> None:
+    tok = LocalTokenizer(tokenizer_dir, encoder="hf")
+    assert (tok.encoder.name, tok.encoder_reason) == ("hf", "encoder: hf configured")
+    assert LocalTokenizer(tokenizer_dir, encoder="tiktoken").encoder.name == "tiktoken"
+    assert TokenizerConfig(path=str(tokenizer_dir)).encoder == "auto"
+    with pytest.raises(ValueError, match="'encoder' is for source: local"):
+        TokenizerConfig(source="remote", encoder="hf")
