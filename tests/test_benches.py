@@ -27,6 +27,19 @@ def test_gateway_inproc_serves_every_request_through_the_front(stream: bool) -> 
     assert out["cpu_ms_per_req"] > 0
 
 
+def test_gateway_inproc_tokenizes_growing_conversations(tmp_path: Path) -> None:
+    sys.path.insert(0, str(BENCH.parents[1] / "tests" / "support"))
+    from tiny_tokenizer import make_tokenizer_folder
+
+    folder = make_tokenizer_folder(tmp_path / "tok")
+    args = [sys.executable, str(BENCH), "--n", "48", "--warmup", "16", "--rounds", "1", "--json"]
+    args += ["--conversations", "--tokenizer", str(folder), "--concurrency", "8"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["kind"].startswith("non-stream conversations tokenizer=") and out["cpu_ms_per_req"] > 0
+
+
 OVERHEAD = BENCH.with_name("gateway_overhead.py")
 ISSUE_KEYS = (
     "rps",

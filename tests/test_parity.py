@@ -9,7 +9,7 @@ breaker config. Every attempt (number, kind, exclusions, delay, resumed tokens, 
 instance each was routed to with its reason, and each plan's result must be identical.
 
 Routing. The same engines' state is seen as the twin sees it (``ContinuousEngine.view()``) and as the
-gateway would (an :class:`InstanceView` built field by field as ``gateway/upstreams.py``'s
+gateway would (an :class:`InstanceView` built field by field as ``gateway/upstream.py``'s
 ``Upstream.view()`` builds it from the same numbers); the same router config must choose the same
 instance for the same reason in both.
 

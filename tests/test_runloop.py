@@ -28,3 +28,13 @@ async def test_startup_objects_are_frozen_out_of_the_collectors_reach() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_the_mmap_threshold_is_fixed_on_glibc() -> None:
+    import platform
+
+    from tokenplane.runloop import fix_mmap_threshold
+
+    fixed = fix_mmap_threshold()
+    if platform.libc_ver()[0] == "glibc":
+        assert fixed

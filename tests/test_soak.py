@@ -6,14 +6,21 @@ the command (``python bench/soak.py --minutes 60 --json``)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 SOAK = Path(__file__).resolve().parents[1] / "bench" / "soak.py"
 
 
-def test_a_short_soak_with_chaos_loses_nothing(tmp_path: Path) -> None:
+def _soak(
+    tmp_path: Path, seed: int, *extra: str, timeout: float
+) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    """A 14 s soak at 4 rps with a fault every second, no fault-free baseline; its JSON and process."""
     args = [
         sys.executable,
         str(SOAK),
@@ -22,11 +29,10 @@ def test_a_short_soak_with_chaos_loses_nothing(tmp_path: Path) -> None:
         "--rps",
         "4",
         "--seed",
-        "88",  # a schedule with seven kinds of fault in 14 s, a gateway restart among them
-        "--instances",
-        "3",
+        str(seed),
         "--chaos-gap-s",
         "1",
+        *extra,
         "--no-baseline",
         "--sample-s",
         "1",
@@ -34,14 +40,40 @@ def test_a_short_soak_with_chaos_loses_nothing(tmp_path: Path) -> None:
         str(tmp_path),
         "--json",
     ]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     assert proc.stdout, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
-    assert out["requests_sent"] > 20
-    actions = {e["action"] for e in out["chaos_schedule"]}
-    assert {"kill", "crash", "stall", "hang", "gateway_restart"} <= actions, actions
+    return json.loads(proc.stdout), proc
+
+
+def _nothing_lost(out: dict[str, Any]) -> None:
     assert all(e["end_t"] is not None for e in out["chaos_schedule"]), "a fault was never lifted"
+    assert out["requests_sent"] > 20
     assert out["lost"] == 0, out
     assert out["terminal_outcomes"] == out["requests_sent"]
     assert out["ledger_mismatches"] == 0, out["ledger_mismatch_examples"]
+
+
+def test_a_short_soak_with_chaos_loses_nothing(tmp_path: Path) -> None:
+    # seed 88: a schedule with seven kinds of fault in 14 s, a gateway restart among them
+    out, proc = _soak(tmp_path, 88, "--instances", "3", timeout=150)
+    actions = {e["action"] for e in out["chaos_schedule"]}
+    assert {"kill", "crash", "stall", "hang", "gateway_restart"} <= actions, actions
+    _nothing_lost(out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_short_soak_of_three_replicas_on_redis_and_postgres_loses_nothing(tmp_path: Path) -> None:
+    """Three ``tokenplane serve`` replicas share a private Redis (state) and a fresh PostgreSQL
+    database (ledger, through a TCP proxy); the chaos restarts a replica, restarts Redis and cuts
+    PostgreSQL off, besides the instance faults. The ledger is read back through one replica."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    # seed 1425: a replica restart, a Redis restart and a PostgreSQL cut among seven faults in 14 s
+    out, proc = _soak(tmp_path, 1425, "--replicas", "3", "--redis", "--postgres", timeout=180)
+    actions = {e["action"] for e in out["chaos_schedule"]}
+    assert {"gateway_restart", "redis_restart", "pg_cut", "kill", "crash"} <= actions, actions
+    assert out["stack"]["redis_restarts"] == 1
+    _nothing_lost(out)
+    sampled = {lt["process"] for lt in out["gateway_lifetimes"]}  # RSS and fds per replica process
+    assert len(sampled) >= 2 and sampled <= {f"chaos-replica-{i}" for i in range(3)}, sampled
     assert proc.returncode == 0, proc.stderr[-3000:]

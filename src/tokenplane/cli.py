@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -91,6 +92,13 @@ def simulate(
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
     progress: Annotated[bool | None, typer.Option(help="Show a progress bar (default: on a TTY).")] = None,
     catalog_file: Annotated[Path | None, typer.Option("--catalog", help=CATALOG_HELP)] = None,
+    stream: Annotated[
+        bool, typer.Option("--stream", help="Streaming aggregates: memory bounded by requests in flight.")
+    ] = False,
+    records: Annotated[
+        Path | None,
+        typer.Option("--records", help="With --stream: each request's record as a JSON line to FILE."),
+    ] = None,
 ) -> None:
     """Simulate a scenario in virtual time and write DIR/report.json, plots and a summary table."""
     from tokenplane.core.errors import InvalidPolicyConfig
@@ -138,8 +146,21 @@ def simulate(
         bars.append(cm)
         return bar.update
 
+    if records is not None and not stream:
+        _fail("--records needs --stream (without it every record is kept in memory for the plots)")
+    records_file = None
+    if records is not None:
+        records.parent.mkdir(parents=True, exist_ok=True)
+        records_file = _records_path(records, many=len(sc.runs) > 1)
     try:
-        outcomes = run_scenario(sc, traces=traces, progress=make_progress, catalog=base)
+        outcomes = run_scenario(
+            sc,
+            traces=traces,
+            progress=make_progress,
+            catalog=base,
+            stream_records=stream,
+            records_file=records_file,
+        )
     except (InvalidPolicyConfig, UnknownHardware, CatalogError, TraceNotFound, ValueError) as exc:
         _fail(str(exc))
         return
@@ -149,7 +170,10 @@ def simulate(
     runs = {name: o.report for name, o in outcomes.items()}
     path = write_report(out, runs, scenario={"name": sc.name, "source": sc.source})
     print_summary(runs, console)
-    if plots:
+    if stream:
+        if records_file is not None:
+            console.print(f"records: {', '.join(str(records_file(n)) for n in runs)}")
+    elif plots:
         files = plot_runs(
             out,
             {name: RunData(o.result.records, o.result.instances, o.report) for name, o in outcomes.items()},
@@ -159,6 +183,15 @@ def simulate(
 
         console.print(f"html: {write_html_report(out, runs, files, scenario=sc.name)}")
     console.print(f"report: {path}")
+
+
+def _records_path(path: Path, *, many: bool) -> Callable[[str], Path]:
+    """FILE for one run; FILE's stem + ``.RUN`` + suffix for each of several."""
+
+    def name(run: str) -> Path:
+        return path.with_name(f"{path.stem}.{run}{path.suffix}") if many else path
+
+    return name
 
 
 @app.command()
@@ -255,9 +288,25 @@ def emulate(
     ] = "vllm",
     lora_modules: Annotated[list[str] | None, typer.Option(help="LoRA adapter served as a model.")] = None,
     max_loras: Annotated[int, typer.Option(help="LoRA adapters resident at once.")] = 1,
+    kv_transfer_config: Annotated[
+        str | None,
+        typer.Option(
+            help='vLLM\'s KV connector JSON, e.g. {"kv_connector":"NixlConnector","kv_role":"kv_both"}.'
+        ),
+    ] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="Tokenizer folder: tokenize as vLLM does.")] = None,
+    kv_events_endpoint: Annotated[
+        str | None, typer.Option(help="Publish vLLM KV events to this ZMQ endpoint.")
+    ] = None,
 ) -> None:
     """Serve one emulated GPU instance in real time (OpenAI API, vLLM metrics, fault injection)."""
     from tokenplane.emulator.cli import emulate as run_emulator
+    from tokenplane.emulator.kv_transfer import parse_kv_transfer_config
+
+    try:
+        kv_transfer = parse_kv_transfer_config(kv_transfer_config) if kv_transfer_config else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--kv-transfer-config") from None
 
     run_emulator(
         port,
@@ -274,6 +323,9 @@ def emulate(
         runtime=runtime,
         lora_modules=lora_modules or (),
         max_loras=max_loras,
+        kv_transfer=kv_transfer,
+        tokenizer=tokenizer,
+        kv_events_endpoint=kv_events_endpoint,
     )
 
 
@@ -322,6 +374,49 @@ def sweep(
 
     code = sweep_command(
         sweep_file, out=out, workers=workers, ray=ray, traces=traces, plots=plots, as_json=as_json
+    )
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def rehearse(
+    scenario: Annotated[
+        Path | None, typer.Argument(help="Scenario YAML; the embedded default scenario when omitted.")
+    ] = None,
+    run: Annotated[str | None, typer.Option("--run", help="Which run (default: the first).")] = None,
+    scale: Annotated[float, typer.Option(help="Load factor: agentic users or open-loop rate.")] = 0.25,
+    instances: Annotated[int | None, typer.Option(help="Fleet size (default: the scenario's).")] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="Open-loop arrival span in s; the run and faults compress to it.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {twin, live, rel_diff} as JSON.")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="Also write DIR/rehearse.json.")] = None,
+    catalog_file: Annotated[Path | None, typer.Option("--catalog", help=CATALOG_HELP)] = None,
+    traces: Annotated[Path | None, typer.Option("--traces", help="Public traces folder.")] = None,
+    path_s: Annotated[
+        float | None,
+        typer.Option(
+            "--path-s",
+            help="The request path's fixed cost (s) for the twin; default: measured by a calibration "
+            "probe on the idle live stack before the workload.",
+        ),
+    ] = None,
+) -> None:
+    """Run a scenario's run live (gateway + emulators in real time), then in the twin, side by side."""
+    from tokenplane.rehearse.command import rehearse_command
+
+    code = rehearse_command(
+        scenario,
+        run_name=run,
+        scale=scale,
+        instances=instances,
+        duration=duration,
+        as_json=as_json,
+        catalog_file=catalog_file,
+        traces=traces,
+        out=out,
+        path_s=path_s,
     )
     if code:
         raise typer.Exit(code)

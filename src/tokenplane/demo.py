@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,7 +198,8 @@ def _percentile(values: list[float], q: float) -> float | None:
     return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
 
 
-async def _collect(session: aiohttp.ClientSession, gateway: str, result: DemoResult) -> None:
+async def route_reasons(session: aiohttp.ClientSession, gateway: str) -> dict[str, int]:
+    """The gateway's routing decisions by reason, from its ``tokenplane_requests_total`` counter."""
     async with session.get(gateway + "/metrics") as r:
         text = await r.text()
     reasons: Counter[str] = Counter()
@@ -206,7 +208,11 @@ async def _collect(session: aiohttp.ClientSession, gateway: str, result: DemoRes
             for s in fam.samples:
                 if s.name.endswith("_total"):
                     reasons[s.labels.get("reason", "none")] += int(s.value)
-    result.route_reasons = dict(sorted(reasons.items()))
+    return dict(sorted(reasons.items()))
+
+
+async def _collect(session: aiohttp.ClientSession, gateway: str, result: DemoResult) -> None:
+    result.route_reasons = await route_reasons(session, gateway)
     async with session.get(gateway + "/v1/instances") as r:
         instances = await r.json()
     for inst in instances.get("data", []):
@@ -223,6 +229,118 @@ async def _collect(session: aiohttp.ClientSession, gateway: str, result: DemoRes
             if fam.name == "vllm:request_success":
                 info["requests"] = int(sum(s.value for s in fam.samples if s.name.endswith("_total")))
         result.per_instance[iid] = info
+
+
+@dataclass
+class EmulatorProc:
+    """One emulated instance of a :class:`Stack`: its gateway id, URL, and the process serving it."""
+
+    instance_id: str
+    url: str
+    args: list[str]
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+
+@dataclass
+class Stack:
+    """Emulators and a gateway running as processes; ``key`` is the demo tenant's API key."""
+
+    gateway: str
+    key: str
+    emulators: list[EmulatorProc]
+    procs: list[subprocess.Popen[bytes]]
+
+    def kill(self, index: int) -> None:
+        """SIGKILL emulator ``index`` (a GPU lost with everything in flight)."""
+        em = self.emulators[index]
+        if em.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(em.proc.pid, signal.SIGKILL)
+            em.proc.wait()
+
+    def restart(self, index: int) -> subprocess.Popen[bytes]:
+        """Start emulator ``index`` again on its port (a replacement: empty caches)."""
+        em = self.emulators[index]
+        em.proc = _spawn(em.args, em.log)
+        self.procs.append(em.proc)
+        return em.proc
+
+
+@contextlib.asynccontextmanager
+async def start_stack(
+    session: aiohttp.ClientSession,
+    workdir: Path,
+    *,
+    instances: int,
+    gpu: str = "H100",
+    router: Any = "prefix-affinity",
+    speed: float = 1.0,
+    seed: int = 7,
+    model: str = MODEL,
+    emulator_args: list[str] | None = None,
+    gateway_config: dict[str, Any] | None = None,
+    tenant: dict[str, Any] | None = None,
+) -> AsyncIterator[Stack]:
+    """``instances`` emulators (extra ``emulator_args`` each) and ``tokenplane serve`` in front of
+    them, healthy on loopback ports; all stopped on exit. ``router`` is the model's router entry (a
+    name or ``{name, params}``); ``gateway_config`` is merged into the gateway's config at top level,
+    ``tenant`` into the one tenant's entry. The gateway serves ``model`` as ``MODEL``."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        emulators = []
+        for i in range(instances):
+            port = _free_port()
+            args = [
+                "tokenplane.emulator",
+                "--port",
+                str(port),
+                "--gpu",
+                gpu,
+                "--model",
+                model,
+                "--served-model-name",
+                MODEL,
+                "--speed",
+                str(speed),
+                "--seed",
+                str(seed + i),
+                *(emulator_args or []),
+            ]
+            log = workdir / f"emulator-{i}.log"
+            proc = _spawn(args, log)
+            procs.append(proc)
+            emulators.append(EmulatorProc(f"{gpu.lower()}-{i}", f"http://127.0.0.1:{port}", args, log, proc))
+        key = "tp-demo-" + secrets.token_hex(8)
+        gw_port = _free_port()
+        route = router
+        if not isinstance(router, dict):
+            route = {"name": router, "params": ROUTER_PARAMS.get(router, {})}
+        config: dict[str, Any] = {
+            "listen": {"host": "127.0.0.1", "port": gw_port},
+            "tenants": [
+                {"name": "demo", "priority": "interactive", "api_keys": [hash_key(key)], **(tenant or {})}
+            ],
+            "models": [{"name": MODEL, "aliases": ["demo"], "router": route}],
+            "instances": [
+                {"id": em.instance_id, "url": em.url, "model": MODEL, "kind": "emulated", "gpu": gpu}
+                for em in emulators
+            ],
+            "scrape": {"interval_s": 0.5},
+            "health": {"interval_s": 1.0},
+            **(gateway_config or {}),
+        }
+        cfg_path = workdir / "gateway.yaml"
+        cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        gateway = f"http://127.0.0.1:{gw_port}"
+        gw = _spawn(["tokenplane", "serve", str(cfg_path)], workdir / "gateway.log")
+        procs.append(gw)
+        for em in emulators:
+            await _wait_healthy(session, em.url, em.proc, f"emulator {em.url}")
+        await _wait_healthy(session, gateway, gw, "gateway")
+        yield Stack(gateway, key, emulators, procs)
+    finally:
+        _stop(procs)
 
 
 async def run_demo(
@@ -243,86 +361,34 @@ async def run_demo(
 
     tmp = Path(workdir or tempfile.mkdtemp(prefix="tokenplane-up-"))
     tmp.mkdir(parents=True, exist_ok=True)
-    procs: list[subprocess.Popen[bytes]] = []
     result = DemoResult()
     started = time.perf_counter()
-    try:
-        async with aiohttp.ClientSession() as session:
-            urls = []
-            for i in range(instances):
-                port = _free_port()
-                proc = _spawn(
-                    [
-                        "tokenplane.emulator",
-                        "--port",
-                        str(port),
-                        "--gpu",
-                        gpu,
-                        "--model",
-                        MODEL,
-                        "--served-model-name",
-                        MODEL,
-                        "--speed",
-                        str(speed),
-                        "--seed",
-                        str(seed + i),
-                    ],
-                    tmp / f"emulator-{i}.log",
+    stack_args: dict[str, Any] = {"instances": instances, "gpu": gpu, "router": router, "seed": seed}
+    async with aiohttp.ClientSession() as session, start_stack(session, tmp, speed=speed, **stack_args) as st:
+        gateway, stack = st.gateway, st
+        client = openai.AsyncOpenAI(base_url=gateway + "/v1", api_key=stack.key, max_retries=0, timeout=60)
+        system = "You are a careful coding agent. " + _words(random.Random(seed), 900)
+        ttfts: list[float] = []
+        await asyncio.gather(
+            *(
+                _user(
+                    client,
+                    u,
+                    tasks=tasks,
+                    steps=steps,
+                    system=system,
+                    max_tokens=max_tokens,
+                    seed=seed,
+                    out=result,
+                    ttfts=ttfts,
                 )
-                procs.append(proc)
-                urls.append((f"http://127.0.0.1:{port}", proc))
-            key = "tp-demo-" + secrets.token_hex(8)
-            gw_port = _free_port()
-            config = {
-                "listen": {"host": "127.0.0.1", "port": gw_port},
-                "tenants": [{"name": "demo", "priority": "interactive", "api_keys": [hash_key(key)]}],
-                "models": [
-                    {
-                        "name": MODEL,
-                        "aliases": ["demo"],
-                        "router": {"name": router, "params": ROUTER_PARAMS.get(router, {})},
-                    }
-                ],
-                "instances": [
-                    {"id": f"{gpu.lower()}-{i}", "url": url, "model": MODEL, "kind": "emulated", "gpu": gpu}
-                    for i, (url, _) in enumerate(urls)
-                ],
-                "scrape": {"interval_s": 0.5},
-                "health": {"interval_s": 1.0},
-            }
-            cfg_path = tmp / "gateway.yaml"
-            cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
-            gateway = f"http://127.0.0.1:{gw_port}"
-            gw = _spawn(["tokenplane", "serve", str(cfg_path)], tmp / "gateway.log")
-            procs.append(gw)
-            for url, proc in urls:
-                await _wait_healthy(session, url, proc, f"emulator {url}")
-            await _wait_healthy(session, gateway, gw, "gateway")
-            client = openai.AsyncOpenAI(base_url=gateway + "/v1", api_key=key, max_retries=0, timeout=60)
-            system = "You are a careful coding agent. " + _words(random.Random(seed), 900)
-            ttfts: list[float] = []
-            await asyncio.gather(
-                *(
-                    _user(
-                        client,
-                        u,
-                        tasks=tasks,
-                        steps=steps,
-                        system=system,
-                        max_tokens=max_tokens,
-                        seed=seed,
-                        out=result,
-                        ttfts=ttfts,
-                    )
-                    for u in range(users)
-                )
+                for u in range(users)
             )
-            await client.close()
-            result.ttft_p50_s = _percentile(ttfts, 50)
-            result.ttft_p99_s = _percentile(ttfts, 99)
-            await _collect(session, gateway, result)
-    finally:
-        _stop(procs)
+        )
+        await client.close()
+        result.ttft_p50_s = _percentile(ttfts, 50)
+        result.ttft_p99_s = _percentile(ttfts, 99)
+        await _collect(session, gateway, result)
     result.wall_s = time.perf_counter() - started
     return result
 

@@ -9,6 +9,7 @@ from aiohttp import web
 from aiohttp.log import access_logger
 
 from tokenplane.emulator.instance import EmulatorSettings
+from tokenplane.emulator.kv_transfer import KvTransferConfig, parse_kv_transfer_config
 from tokenplane.emulator.metrics import RUNTIME_FLAVOURS
 from tokenplane.emulator.server import create_app
 from tokenplane.runloop import freeze_startup_objects, new_event_loop
@@ -36,6 +37,9 @@ def emulate(
     runtime: str = "vllm",
     lora_modules: Sequence[str] = (),
     max_loras: int = 1,
+    kv_transfer: KvTransferConfig | None = None,
+    tokenizer: str | None = None,
+    kv_events_endpoint: str | None = None,
 ) -> None:
     """Run the emulator until interrupted (uvloop when installed)."""
     settings = EmulatorSettings(
@@ -56,6 +60,9 @@ def emulate(
         instance_id=f"emulated-{host}:{port}",
         lora_modules=tuple(lora_modules),
         max_loras=max_loras,
+        kv_transfer=kv_transfer,
+        tokenizer=tokenizer,
+        kv_events_endpoint=kv_events_endpoint,
     )
     print(
         f"tokenplane emulate: serving {settings.model_name!r} ({model} on {tp} x {gpu}, speed {speed}) "
@@ -107,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--lora-modules", nargs="*", default=[], help="LoRA adapter names served as models")
     p.add_argument("--max-loras", type=int, default=1, help="adapters resident at once")
+    p.add_argument(
+        "--kv-transfer-config",
+        type=parse_kv_transfer_config,
+        default=None,
+        help='vLLM\'s flag: \'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\' plays P/D roles',
+    )
+
+    p.add_argument("--tokenizer", default=None, help="a tokenizer folder: tokenize prompts as vLLM does")
+    p.add_argument("--kv-events-endpoint", default=None, help="publish vLLM KV events to this ZMQ endpoint")
     return p
 
 
@@ -133,4 +149,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         runtime=a.runtime,
         lora_modules=a.lora_modules,
         max_loras=a.max_loras,
+        kv_transfer=a.kv_transfer_config,
+        tokenizer=a.tokenizer,
+        kv_events_endpoint=a.kv_events_endpoint,
     )

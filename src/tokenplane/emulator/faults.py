@@ -32,6 +32,10 @@ class FaultUpdate(BaseModel):
     hang: bool | None = None
     hang_count: int | None = Field(default=None, ge=1)
     unhealthy: bool | None = None
+    kv_lost: bool | None = None
+    """P/D prefill role: the engine no longer holds the KV it handed over (decode pulls fail)."""
+    exit_after_handover: bool | None = None
+    """P/D prefill role: the process exits right after it answers a prefill (the KV is gone)."""
 
 
 class DieFault(NamedTuple):
@@ -54,6 +58,8 @@ class Faults:
     hang: bool = False
     hang_count: int | None = None
     unhealthy: bool = False
+    kv_lost: bool = False
+    exit_after_handover: bool = False
 
     def apply(self, update: FaultUpdate) -> None:
         if update.clear:
@@ -74,6 +80,10 @@ class Faults:
             self.slow_factor = update.slow_factor
         if update.unhealthy is not None:
             self.unhealthy = update.unhealthy
+        if update.kv_lost is not None:
+            self.kv_lost = update.kv_lost
+        if update.exit_after_handover is not None:
+            self.exit_after_handover = update.exit_after_handover
         # Counts and flags given alone adjust the fault already set.
         if "die_count" in fields and "die_after_tokens" not in fields:
             self.die_count = update.die_count
@@ -97,6 +107,8 @@ class Faults:
         self.hang = False
         self.hang_count = None
         self.unhealthy = False
+        self.kv_lost = False
+        self.exit_after_handover = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

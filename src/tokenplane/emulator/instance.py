@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from tokenplane.core.views import RequestInfo
 from tokenplane.emulator.faults import Faults
+from tokenplane.emulator.kv_transfer import KvTransfer, KvTransferConfig, KvTransferMetrics
 from tokenplane.emulator.metrics import VllmMetrics
 from tokenplane.emulator.realtime import RealtimeClock
 from tokenplane.sim.catalog import Catalog, kv_capacity_tokens
@@ -51,6 +52,10 @@ class EmulatorSettings:
     lora_modules: tuple[str, ...] = ()  # LoRA adapters served as model names (vLLM's --lora-modules)
     max_loras: int = 1  # adapters resident at once (vLLM's --max-loras)
     lora_load_s: float = 0.05  # virtual seconds a missing adapter's load stalls the step
+    kv_transfer: KvTransferConfig | None = None  # vLLM's --kv-transfer-config (P/D disaggregation)
+
+    tokenizer: str | None = None  # a tokenizer folder: prompts tokenized as vLLM does (emulator.kv_events)
+    kv_events_endpoint: str | None = None  # publish the prefix cache as vLLM's KV events (ZMQ)
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
@@ -128,6 +133,7 @@ class Pending:
 
     __slots__ = (
         "cached_tokens",
+        "external_tokens",
         "finish_reason",
         "finished",
         "first_token_s",
@@ -147,6 +153,7 @@ class Pending:
         self.finish_reason = finish_reason
         self.n = 0
         self.cached_tokens = 0
+        self.external_tokens = 0  # prompt tokens whose KV a connector pulled in (P/D decode)
         self.finished = False
         self.first_token_s: float | None = None
         self.last_token_s = 0.0
@@ -224,6 +231,10 @@ class EmulatedInstance:
         engine.on_admit = self._on_admit
         engine.on_preempt = self._on_preempt
         self.engine = engine
+        self.kv_transfer: KvTransfer | None = None
+        if settings.kv_transfer is not None:
+            tm = KvTransferMetrics(self.metrics.registry, settings.model_name)
+            self.kv_transfer = KvTransfer(settings.kv_transfer, tm, model.kv_bytes_per_token, BLOCK_TOKENS)
 
     # -- requests ------------------------------------------------------------------------------
     def submit(
@@ -234,6 +245,7 @@ class EmulatedInstance:
         output_tokens: int,
         finish_reason: str,
         adapter: str | None = None,
+        external_tokens: int = 0,
     ) -> Pending:
         now = self.clock.now()
         uid = next(self._uids)
@@ -261,10 +273,28 @@ class EmulatedInstance:
         record = RequestRecord(uid, "default", now, prompt_tokens, output_tokens, instance_id=self.engine.id)
         seq = Seq(uid, spec, info, record, BLOCK_TOKENS)
         pending = Pending(request_id, prompt_tokens, output_tokens, finish_reason)
+        pending.external_tokens = external_tokens
         pending.seq = seq
         self._reqs[uid] = pending
         self.engine.submit(seq, now)
         return pending
+
+    def receive_kv(self, hashes: tuple[int, ...], tokens: int) -> int:
+        """Blocks pulled from a prefill instance enter the prefix cache, unreferenced, as a finished
+        request's would: the request submitted next finds them as hits. Returns the tokens cached
+        (fewer when the cache is full; the engine then computes the rest, as vLLM recomputes)."""
+        kv = self.engine.kv
+        taken: list[int] = []
+        for h in hashes[: tokens // BLOCK_TOKENS]:
+            if h in kv.entries:
+                kv.acquire((h,))
+            elif kv.allocate(1):
+                kv.register(h, 1)
+            else:
+                break
+            taken.append(h)
+        kv.release(taken)
+        return len(taken) * BLOCK_TOKENS
 
     def fits(self, prompt_tokens: int, output_tokens: int) -> bool:
         return prompt_tokens + output_tokens <= self.max_model_len
@@ -318,9 +348,14 @@ class EmulatedInstance:
     def _on_admit(self, seq: Seq) -> None:
         m = self.metrics
         m.prefix_queries.inc(seq.prompt)
-        if seq.computed:
-            m.prefix_hits.inc(seq.computed)
         pending = self._reqs.get(seq.uid)
+        # As vLLM counts them: KV a connector pulled in is an external hit, not a local one.
+        external = min(seq.computed, pending.external_tokens) if pending is not None else 0
+        if seq.computed > external:
+            m.prefix_hits.inc(seq.computed - external)
+        if self.kv_transfer is not None:
+            self.kv_transfer.metrics.external_queries.inc(seq.prompt - (seq.computed - external))
+            self.kv_transfer.metrics.external_hits.inc(external)
         if pending is not None and pending.n == 0:
             pending.cached_tokens = seq.computed
 

@@ -3,7 +3,9 @@
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (stream or not, with
 ``stream_options.include_usage`` / ``continuous_usage_stats``), ``POST /v1/embeddings`` (one
 deterministic vector per input, from its hash), ``GET /v1/models``, ``GET /health``,
-``GET /metrics``, ``GET|POST /admin/faults``, ``GET /admin/state``.
+``GET /metrics``, ``GET|POST /admin/faults``, ``GET /admin/state``, and with a KV connector
+(``--kv-transfer-config``) the prefill and decode roles of P/D disaggregation and their side channel
+``POST /kv_transfer/pull`` (:mod:`.kv_transfer`, :mod:`.disagg_serving`).
 
 Streams carry one SSE event per generated token, written as the engine produces them (several per
 write when the handler falls behind). A client that goes away aborts its request in the engine (the
@@ -14,13 +16,9 @@ for non-streamed requests to notice).
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
-import math
 import os
 import socket
-import struct
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -31,9 +29,12 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from tokenplane.core.prompt_hash import approx_tokens, block_hashes
-from tokenplane.emulator.faults import DieFault, FaultUpdate
+from tokenplane.emulator.disagg_serving import Handover, connector_step, kv_load_failed, kv_pull
+from tokenplane.emulator.faults import DieFault
 from tokenplane.emulator.instance import BLOCK_TOKENS, EmulatedInstance, EmulatorSettings, Pending
-from tokenplane.emulator.metrics import CONTENT_TYPE, RUNTIME_FLAVOURS
+from tokenplane.emulator.kv_events import TOKENIZATION_KEY, EmulatedTokenization, run_publisher, tokenize
+from tokenplane.emulator.kv_transfer import PULL_PATH, KvParamsError
+from tokenplane.emulator.metrics import RUNTIME_FLAVOURS
 from tokenplane.emulator.protocol import (
     BadRequest,
     ChatCompletionRequest,
@@ -43,52 +44,33 @@ from tokenplane.emulator.protocol import (
     render_chat_request,
     render_completion_request,
 )
+from tokenplane.emulator.routes import (
+    EMBEDDING_DIMENSIONS as EMBEDDING_DIMENSIONS,  # re-exported (tests)
+)
+from tokenplane.emulator.routes import (
+    INSTANCE_KEY,
+    RUNTIME_KEY,
+    _instance,
+    embeddings,
+    error_response,
+    get_faults,
+    health,
+    metrics,
+    models,
+    post_faults,
+    state,
+)
+from tokenplane.emulator.routes import (
+    _embedding as _embedding,
+)
 
 SETTINGS_KEY = web.AppKey("settings", EmulatorSettings)
-INSTANCE_KEY = web.AppKey("instance", EmulatedInstance)
-RUNTIME_KEY = web.AppKey("runtime", str)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 _json_encode = msgspec.json.Encoder().encode
 _json_decode = msgspec.json.Decoder().decode
 _DONE = b"data: [DONE]\n\n"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-
-_ERROR_TYPES = {
-    400: "BadRequestError",
-    401: "AuthenticationError",
-    403: "PermissionDeniedError",
-    404: "NotFoundError",
-    408: "RequestTimeoutError",
-    409: "ConflictError",
-    413: "RequestEntityTooLargeError",
-    422: "UnprocessableEntityError",
-    429: "RateLimitError",
-    500: "InternalServerError",
-    502: "BadGatewayError",
-    503: "ServiceUnavailableError",
-    504: "GatewayTimeoutError",
-}
-
-
-def error_response(
-    status: int, message: str, param: str | None = None, err_type: str | None = None
-) -> web.Response:
-    """An OpenAI-style error body, as vLLM sends it."""
-    body = {
-        "error": {
-            "message": message,
-            "type": err_type
-            or _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "APIError"),
-            "param": param,
-            "code": status,
-        }
-    }
-    return web.Response(status=status, body=_json_encode(body), content_type="application/json")
-
-
-def _instance(request: web.Request) -> EmulatedInstance:
-    return request.app[INSTANCE_KEY]
 
 
 # -- serving API -----------------------------------------------------------------------------------
@@ -138,7 +120,9 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
     if req.model != settings.model_name and adapter is None:
         return error_response(404, f"The model `{req.model}` does not exist.", "model", "NotFoundError")
 
-    prompt_tokens = approx_tokens(text)
+    tok = request.app.get(TOKENIZATION_KEY)
+    ids = tok.ids(body, chat) if tok is not None else None
+    prompt_tokens = approx_tokens(text) if ids is None else len(ids)
     if requested is None:
         output_tokens = min(settings.default_max_tokens, max(1, inst.max_model_len - prompt_tokens))
         finish_reason = "stop"
@@ -159,9 +143,22 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     seed: int | str = req.seed if req.seed is not None else f"{settings.seed}\0{text}"
     gen = TextGen(seed)
-    hashes = block_hashes(text, BLOCK_TOKENS) if settings.enable_prefix_caching else ()
+    hashes: tuple[int, ...] = ()
+    if settings.enable_prefix_caching:
+        hashes = block_hashes(text, BLOCK_TOKENS) if ids is None or tok is None else tok.blocks(ids)
+    handover: Handover | None = None
+    pulled = 0
+    kv_params = body.get("kv_transfer_params")
+    if kv_params is not None and inst.kv_transfer is not None:  # without a connector vLLM ignores them
+        try:
+            step = await connector_step(request, inst, kv_params, hashes, bool(req.stream))
+        except KvParamsError as e:
+            return error_response(400, e.message, e.param)
+        handover, failed, pulled = step
+        if failed:
+            return await kv_load_failed(request, chat, bool(req.stream), request_id, settings.model_name)
     die = faults.take_die()
-    pending = inst.submit(request_id, prompt_tokens, hashes, output_tokens, finish_reason, adapter)
+    pending = inst.submit(request_id, prompt_tokens, hashes, output_tokens, finish_reason, adapter, pulled)
     try:
         if req.stream:
             opts = req.stream_options
@@ -175,7 +172,7 @@ async def _serve(request: web.Request, chat: bool) -> web.StreamResponse:
                 continuous_usage=bool(opts and opts.continuous_usage_stats),
                 die=die,
             )
-        return await _complete(request, inst, pending, gen, chat, die, echo_text=_echo(req, text))
+        return await _complete(request, inst, pending, gen, chat, die, _echo(req, text), handover)
     finally:
         inst.abort(pending)  # no-op when it finished
 
@@ -224,6 +221,7 @@ async def _complete(
     chat: bool,
     die: DieFault | None,
     echo_text: str,
+    handover: Handover | None = None,
 ) -> web.StreamResponse:
     while not pending.finished:
         if die is not None and pending.n >= die.tokens:
@@ -260,8 +258,14 @@ async def _complete(
         "model": model,
         "choices": [choice],
         "usage": _usage(pending),
+        "kv_transfer_params": handover(pending.request_id, pending.prompt_tokens) if handover else None,
     }
-    return web.Response(body=_json_encode(body), content_type="application/json")
+    resp = web.Response(body=_json_encode(body), content_type="application/json")
+    if handover is not None and inst.faults.exit_after_handover:
+        await resp.prepare(request)
+        await resp.write_eof()
+        os._exit(17)  # the prefill process dies with the KV it just handed over
+    return resp
 
 
 async def _stream(
@@ -356,109 +360,6 @@ async def _stream(
     return resp
 
 
-# -- other routes ------------------------------------------------------------------------------------
-EMBEDDING_DIMENSIONS = 8
-
-
-def _embedding(text: str, dimensions: int) -> list[float]:
-    """A deterministic unit vector for ``text`` (from its hash), so that tests can check it."""
-    digest = hashlib.sha256(text.encode()).digest()
-    raw = [digest[i % len(digest)] / 255.0 - 0.5 for i in range(dimensions)]
-    norm = math.sqrt(sum(v * v for v in raw)) or 1.0
-    return [v / norm for v in raw]
-
-
-async def embeddings(request: web.Request) -> web.Response:
-    """``POST /v1/embeddings``: one deterministic vector per input text (no engine time spent)."""
-    inst = _instance(request)
-    try:
-        body = _json_decode(await request.read())
-    except msgspec.DecodeError as e:
-        return error_response(400, f"JSON decode error: {e}")
-    if not isinstance(body, dict):
-        return error_response(400, "Request body must be a JSON object.")
-    given = body.get("input")
-    texts = [given] if isinstance(given, str) else given if isinstance(given, list) else None
-    if not texts or not all(isinstance(t, str) for t in texts):
-        return error_response(400, "'input' must be a string or a non-empty array of strings.", "input")
-    dims = body.get("dimensions")
-    dims = dims if isinstance(dims, int) and 0 < dims <= 4096 else EMBEDDING_DIMENSIONS
-    as_base64 = body.get("encoding_format") == "base64"
-    data = []
-    for i, text in enumerate(texts):
-        vec = _embedding(text, dims)
-        out: Any = base64.b64encode(struct.pack(f"<{dims}f", *vec)).decode() if as_base64 else vec
-        data.append({"object": "embedding", "index": i, "embedding": out})
-    tokens = sum(approx_tokens(t) for t in texts)
-    answer = {
-        "object": "list",
-        "data": data,
-        "model": inst.settings.model_name,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }
-    return web.Response(body=_json_encode(answer), content_type="application/json")
-
-
-async def models(request: web.Request) -> web.Response:
-    inst = _instance(request)
-    s = inst.settings
-    body = {
-        "object": "list",
-        "data": [
-            {
-                "id": s.model_name,
-                "object": "model",
-                "created": int(time.time()),
-                "owned_by": "vllm",
-                "root": inst.model_spec_name,
-                "parent": None,
-                "max_model_len": inst.max_model_len,
-                "permission": [],
-            }
-        ],
-    }
-    return web.Response(body=_json_encode(body), content_type="application/json")
-
-
-async def health(request: web.Request) -> web.Response:
-    if _instance(request).faults.unhealthy:
-        return web.Response(status=503)
-    return web.Response(status=200)
-
-
-async def metrics(request: web.Request) -> web.Response:
-    inst = _instance(request)
-    inst.refresh_gauges()
-    body = inst.metrics.render(request.app[RUNTIME_KEY])
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
-
-
-async def get_faults(request: web.Request) -> web.Response:
-    return web.json_response(_instance(request).faults.as_dict())
-
-
-async def post_faults(request: web.Request) -> web.Response:
-    inst = _instance(request)
-    try:
-        body = _json_decode(await request.read())
-    except msgspec.DecodeError as e:
-        return error_response(400, f"JSON decode error: {e}")
-    if not isinstance(body, dict):
-        return error_response(400, "Request body must be a JSON object.")
-    try:
-        update = FaultUpdate.model_validate(body)
-    except ValidationError as e:
-        msg, param = format_validation_error(e)
-        return error_response(400, msg, param)
-    inst.faults.apply(update)
-    inst.set_slow_factor(inst.faults.slow_factor)
-    return web.json_response(inst.faults.as_dict())
-
-
-async def state(request: web.Request) -> web.Response:
-    return web.json_response(_instance(request).state())
-
-
 # -- app -----------------------------------------------------------------------------------------
 def create_app(settings: EmulatorSettings, runtime: str = "vllm") -> web.Application:
     """The emulator's aiohttp application; the instance (engine and clock) starts with the app.
@@ -470,10 +371,17 @@ def create_app(settings: EmulatorSettings, runtime: str = "vllm") -> web.Applica
     app[RUNTIME_KEY] = runtime
 
     async def instance_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[INSTANCE_KEY] = EmulatedInstance(settings)
+        app[INSTANCE_KEY] = inst = EmulatedInstance(settings)
         yield
+        if inst.kv_transfer is not None:
+            await inst.kv_transfer.close()
 
     app.cleanup_ctx.append(instance_ctx)
+    if settings.tokenizer or settings.kv_events_endpoint:
+        app[TOKENIZATION_KEY] = EmulatedTokenization(settings.tokenizer, settings.kv_events_endpoint)
+        app.cleanup_ctx.append(lambda a: run_publisher(a, a[INSTANCE_KEY].engine))
+        if settings.tokenizer:
+            app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", embeddings)
@@ -483,6 +391,7 @@ def create_app(settings: EmulatorSettings, runtime: str = "vllm") -> web.Applica
     app.router.add_get("/admin/faults", get_faults)
     app.router.add_post("/admin/faults", post_faults)
     app.router.add_get("/admin/state", state)
+    app.router.add_post(PULL_PATH, kv_pull)  # the KV connector's side channel (P/D)
     return app
 
 

@@ -1,17 +1,4 @@
-"""``tokenplane top``: a live terminal view of a running gateway.
-
-Each poll reads two endpoints of the gateway, concurrently:
-
-* ``GET /v1/instances``: every instance's view (readiness, health, in-flight work by this gateway,
-  running / waiting and KV usage as last scraped, prefix-cache counters, and whatever later
-  features add: breaker state, pool, weight readiness).
-* ``GET /metrics``: the gateway's Prometheus text, parsed with :mod:`prometheus_client.parser`.
-
-:func:`render` turns a :class:`TopSnapshot` and the one before it into rich tables. Rates are
-deltas between the two polls divided by the time between them; a counter that went down (the
-gateway restarted) counts from zero. Latency percentiles are estimated from the histogram buckets'
-deltas, interpolating linearly inside a bucket as Prometheus' ``histogram_quantile`` does. Without
-a previous snapshot the cumulative values since the gateway started are shown instead.
+"""One frame of ``tokenplane top``: the header and the rich tables drawn from two snapshots.
 
 Missing fields and metric families are tolerated: a column or table that has nothing to show says
 so or is left out. Families this module does not know (``tokenplane_queue_*``,
@@ -22,29 +9,16 @@ and p99, gauges as values, so new features show up without a change here.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
+from tokenplane.top.deltas import counter_deltas, fraction_below, histogram_quantile, histograms, sum_by
+from tokenplane.top.snapshot import Family, TopSnapshot, family_name
 
 if TYPE_CHECKING:
-    from rich.console import Console, RenderableType
+    from rich.console import RenderableType
     from rich.table import Table
-
-__all__ = [
-    "Sample",
-    "TopSnapshot",
-    "histogram_quantile",
-    "render",
-    "snapshot",
-    "top",
-]
 
 #: Default TTFT objective (seconds) for the attainment estimate; the twin's ``Slo`` default.
 DEFAULT_SLO_TTFT_S = 2.0
@@ -66,261 +40,6 @@ BREAKER_FIELDS = ("breaker", "breaker_state", "circuit", "circuit_state")
 OK_OUTCOMES = frozenset({"ok"})
 #: ``tokenplane_breaker_state{instance}`` values (the gateway's resilience metrics).
 BREAKER_VALUES = {0.0: "closed", 1.0: "half_open", 2.0: "open"}
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One sample line: its full name (``_total``, ``_bucket``... included), labels, value."""
-
-    name: str
-    labels: Mapping[str, str]
-    value: float
-
-
-@dataclass(frozen=True)
-class Family:
-    """One metric family (name without ``_total`` for counters, as the parser gives it)."""
-
-    name: str
-    type: str
-    samples: tuple[Sample, ...]
-
-
-@dataclass
-class TopSnapshot:
-    """What one poll of the gateway saw."""
-
-    gateway_url: str
-    taken_at: float  # time.monotonic() at the end of the poll
-    wall_time: float  # time.time(), for display
-    instances: list[dict[str, Any]] = field(default_factory=list)
-    families: dict[str, Family] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-    instances_ok: bool = False
-    metrics_ok: bool = False
-
-    @property
-    def reachable(self) -> bool:
-        return self.instances_ok or self.metrics_ok
-
-    def samples(self, sample_name: str) -> list[Sample]:
-        """Every sample with exactly this name (e.g. ``tokenplane_requests_total``)."""
-        out: list[Sample] = []
-        for name in dict.fromkeys((_family_name(sample_name), sample_name)):
-            family = self.families.get(name)
-            if family is not None:
-                out += [s for s in family.samples if s.name == sample_name]
-        return out
-
-
-def _family_name(sample_name: str) -> str:
-    for suffix in ("_total", "_bucket", "_count", "_sum", "_created"):
-        if sample_name.endswith(suffix):
-            return sample_name[: -len(suffix)]
-    return sample_name
-
-
-# -- polling ------------------------------------------------------------------------------------
-
-
-def parse_metrics(text: str) -> dict[str, Family]:
-    """Prometheus text exposition → families by name (``_created`` samples dropped)."""
-    out: dict[str, Family] = {}
-    for fam in text_string_to_metric_families(text):
-        samples = tuple(
-            Sample(s.name, dict(s.labels), float(s.value))
-            for s in fam.samples
-            if not s.name.endswith("_created")
-        )
-        if not samples and fam.name.endswith("_created"):
-            continue  # the client library's creation timestamps, parsed as families of their own
-        seen = out.get(fam.name)
-        if seen is not None:  # untyped samples come one family per line: gather them
-            out[fam.name] = Family(fam.name, seen.type, seen.samples + samples)
-        else:
-            out[fam.name] = Family(fam.name, fam.type, samples)
-    return out
-
-
-async def _get(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str]) -> tuple[int, str]:
-    async with session.get(url, headers=headers) as resp:
-        return resp.status, await resp.text()
-
-
-async def snapshot(
-    gateway_url: str,
-    *,
-    session: aiohttp.ClientSession | None = None,
-    api_key: str | None = None,
-    timeout_s: float = 5.0,
-) -> TopSnapshot:
-    """Poll ``/v1/instances`` and ``/metrics`` once; failures end up in ``errors``, never raised."""
-    base = gateway_url.rstrip("/")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    own = session is None
-    sess = session or aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
-    snap = TopSnapshot(gateway_url=base, taken_at=0.0, wall_time=0.0)
-    try:
-        results = await asyncio.gather(
-            _get(sess, base + "/v1/instances", headers),
-            _get(sess, base + "/metrics", headers),
-            return_exceptions=True,
-        )
-    finally:
-        if own:
-            await sess.close()
-    snap.taken_at = time.monotonic()
-    snap.wall_time = time.time()
-    inst, metrics = results
-    if isinstance(inst, BaseException):
-        snap.errors.append(f"/v1/instances: {_describe_error(inst)}")
-    elif inst[0] != 200:
-        snap.errors.append(f"/v1/instances: HTTP {inst[0]}")
-    else:
-        try:
-            doc = json.loads(inst[1])
-            data = doc.get("data") if isinstance(doc, dict) else None
-            if not isinstance(data, list):
-                raise ValueError("no 'data' list")
-            snap.instances = [d for d in data if isinstance(d, dict)]
-            snap.instances_ok = True
-        except ValueError as exc:
-            snap.errors.append(f"/v1/instances: unreadable answer ({exc})")
-    if isinstance(metrics, BaseException):
-        snap.errors.append(f"/metrics: {_describe_error(metrics)}")
-    elif metrics[0] != 200:
-        snap.errors.append(f"/metrics: HTTP {metrics[0]}")
-    else:
-        try:
-            snap.families = parse_metrics(metrics[1])
-            snap.metrics_ok = True
-        except ValueError as exc:
-            snap.errors.append(f"/metrics: unreadable exposition ({exc})")
-    return snap
-
-
-def _describe_error(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.TimeoutError):
-        return "timed out"
-    return str(exc) or type(exc).__name__
-
-
-# -- arithmetic ---------------------------------------------------------------------------------
-
-LabelKey = tuple[tuple[str, str], ...]
-
-
-def _key(labels: Mapping[str, str], drop: Iterable[str] = ()) -> LabelKey:
-    dropped = set(drop)
-    return tuple(sorted((k, v) for k, v in labels.items() if k not in dropped))
-
-
-def _delta(cur: float, prev: float | None) -> float:
-    """Counter increase; a counter that went down restarted from zero."""
-    if prev is None:
-        return cur
-    d = cur - prev
-    return cur if d < 0 else d
-
-
-def _counter_deltas(
-    cur: TopSnapshot, prev: TopSnapshot | None, sample_name: str
-) -> list[tuple[Sample, float]]:
-    """Each current sample with its increase since ``prev`` (its value when there is no ``prev``)."""
-    before: dict[LabelKey, float] = {}
-    if prev is not None:
-        before = {_key(s.labels): s.value for s in prev.samples(sample_name)}
-    return [
-        (s, _delta(s.value, before.get(_key(s.labels)) if prev is not None else None))
-        for s in cur.samples(sample_name)
-    ]
-
-
-def _sum_by(items: Iterable[tuple[Sample, float]], label: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for s, d in items:
-        k = s.labels.get(label, "")
-        out[k] = out.get(k, 0.0) + d
-    return out
-
-
-def _le(value: str) -> float:
-    return math.inf if value in ("+Inf", "Inf", "inf") else float(value)
-
-
-def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
-    """The ``q`` quantile (0..1) from cumulative ``(upper_bound, count)`` buckets.
-
-    Linear interpolation inside the bucket holding the rank (the first bucket starts at 0); a rank
-    in the ``+Inf`` bucket gives the largest finite bound, as Prometheus does. ``None`` when the
-    buckets hold no observations.
-    """
-    bs = sorted(buckets)
-    if not bs or bs[-1][1] <= 0:
-        return None
-    total = bs[-1][1]
-    rank = q * total
-    prev_bound, prev_count = 0.0, 0.0
-    for bound, count in bs:
-        if count >= rank and count > prev_count:
-            if math.isinf(bound):
-                return prev_bound
-            return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
-        prev_bound, prev_count = (bound if not math.isinf(bound) else prev_bound), count
-    return prev_bound
-
-
-def _fraction_below(threshold: float, buckets: Sequence[tuple[float, float]]) -> float | None:
-    """Share of observations at most ``threshold``, interpolating inside its bucket."""
-    bs = sorted(buckets)
-    if not bs or bs[-1][1] <= 0:
-        return None
-    total = bs[-1][1]
-    prev_bound, prev_count = 0.0, 0.0
-    for bound, count in bs:
-        if threshold <= bound:
-            if math.isinf(bound):
-                return prev_count / total
-            width = bound - prev_bound
-            share = (threshold - prev_bound) / width if width > 0 else 1.0
-            return (prev_count + (count - prev_count) * share) / total
-        prev_bound, prev_count = bound, count
-    return 1.0
-
-
-@dataclass
-class _Hist:
-    buckets: dict[float, float] = field(default_factory=dict)
-    count: float = 0.0
-    sum: float = 0.0
-
-    def bucket_list(self) -> list[tuple[float, float]]:
-        return sorted(self.buckets.items())
-
-
-def _histograms(
-    cur: TopSnapshot, prev: TopSnapshot | None, family: str, group_by: Sequence[str] | None = None
-) -> dict[LabelKey, _Hist]:
-    """Histogram deltas since ``prev``, summed into groups of ``group_by`` labels (all labels if None)."""
-    out: dict[LabelKey, _Hist] = {}
-
-    def group(labels: Mapping[str, str]) -> LabelKey:
-        if group_by is None:
-            return _key(labels, drop=("le",))
-        return tuple((k, labels.get(k, "")) for k in group_by)
-
-    for s, d in _counter_deltas(cur, prev, family + "_bucket"):
-        h = out.setdefault(group(s.labels), _Hist())
-        le = _le(s.labels.get("le", "+Inf"))
-        h.buckets[le] = h.buckets.get(le, 0.0) + d
-    for s, d in _counter_deltas(cur, prev, family + "_count"):
-        out.setdefault(group(s.labels), _Hist()).count += d
-    for s, d in _counter_deltas(cur, prev, family + "_sum"):
-        out.setdefault(group(s.labels), _Hist()).sum += d
-    return out
-
-
-# -- rendering ----------------------------------------------------------------------------------
 
 
 def _fmt_s(value: float | None) -> str:
@@ -498,17 +217,17 @@ def _tbt_family(snap: TopSnapshot) -> str | None:
 def _models_table(snap: TopSnapshot, prev: TopSnapshot | None, dt: float | None, slo_ttft_s: float) -> Table:
     from rich.table import Table
 
-    reqs = _counter_deltas(snap, prev, REQUESTS + "_total")
+    reqs = counter_deltas(snap, prev, REQUESTS + "_total")
     by_model: dict[str, dict[str, float]] = {}
     for s, d in reqs:
         m = by_model.setdefault(s.labels.get("model", ""), {"all": 0.0, "err": 0.0})
         m["all"] += d
         if s.labels.get("outcome") not in OK_OUTCOMES:
             m["err"] += d
-    ttft = _histograms(snap, prev, TTFT, ("model",))
-    dur = _histograms(snap, prev, DURATION, ("model",))
+    ttft = histograms(snap, prev, TTFT, ("model",))
+    dur = histograms(snap, prev, DURATION, ("model",))
     tbt_name = _tbt_family(snap)
-    tbt = _histograms(snap, prev, tbt_name, ("model",)) if tbt_name else {}
+    tbt = histograms(snap, prev, tbt_name, ("model",)) if tbt_name else {}
     models = sorted(set(by_model) | {dict(k).get("model", "") for k in (*ttft, *dur, *tbt)})
     per = "req/s" if dt else "requests"
     table = Table(title="traffic by model" + ("" if dt else " (since start)"), title_justify="left")
@@ -539,7 +258,7 @@ def _models_table(snap: TopSnapshot, prev: TopSnapshot | None, dt: float | None,
             errors,
             _fmt_s(histogram_quantile(0.5, t.bucket_list())) if t else "-",
             _fmt_s(histogram_quantile(0.99, t.bucket_list())) if t else "-",
-            _fmt_pct(_fraction_below(slo_ttft_s, t.bucket_list())) if t else "-",
+            _fmt_pct(fraction_below(slo_ttft_s, t.bucket_list())) if t else "-",
         ]
         if tbt_name:
             b = tbt.get(key)
@@ -585,7 +304,7 @@ def _family_rows(
     """(name, labels, value text) rows for one family, whatever its type."""
     rows: list[tuple[str, str, str]] = []
     if family.type == "histogram":
-        for key, h in sorted(_histograms(snap, prev, family.name).items()):
+        for key, h in sorted(histograms(snap, prev, family.name).items()):
             count = h.count or (h.bucket_list()[-1][1] if h.buckets else 0.0)
             rate = f"{count / dt:.2f}/s" if dt else f"n={_fmt_num(count)}"
             mean = h.sum / count if count > 0 else None
@@ -594,7 +313,7 @@ def _family_rows(
                 (family.name, _label_text(dict(key)), f"{rate}  mean {_fmt_num(mean)}  p99 {_fmt_num(p99)}")
             )
     elif family.type == "counter":
-        for s, d in _counter_deltas(snap, prev, family.name + "_total"):
+        for s, d in counter_deltas(snap, prev, family.name + "_total"):
             rows.append((s.name, _label_text(s.labels), _fmt_rate(d / dt) if dt else _fmt_num(s.value)))
     else:
         for s in family.samples:
@@ -605,7 +324,7 @@ def _family_rows(
 
 
 def _known(name: str) -> bool:
-    name = _family_name(name)
+    name = family_name(name)
     return (
         name in (REQUESTS, TTFT, DURATION, *TBT_CANDIDATES)
         or name.startswith(INSTANCE_PREFIX)
@@ -667,7 +386,7 @@ def render(
         dt = span if span > 0 else None
     prev = previous if dt is not None else None
 
-    reqs = _counter_deltas(snap, prev, REQUESTS + "_total")
+    reqs = counter_deltas(snap, prev, REQUESTS + "_total")
     total = sum(d for _, d in reqs)
     errors = sum(d for s, d in reqs if s.labels.get("outcome") not in OK_OUTCOMES)
     instances = _instance_rows(snap)
@@ -692,8 +411,8 @@ def render(
     parts: list[RenderableType] = [header, _models_table(snap, prev, dt, slo_ttft_s)]
     grid = Table.grid(padding=(0, 3))
     grid.add_row(
-        _breakdown_table("outcomes", "outcome", _sum_by(reqs, "outcome"), dt),
-        _breakdown_table("routing decisions", "reason", _sum_by(reqs, "reason"), dt),
+        _breakdown_table("outcomes", "outcome", sum_by(reqs, "outcome"), dt),
+        _breakdown_table("routing decisions", "reason", sum_by(reqs, "reason"), dt),
     )
     parts += [grid, _instances_table(snap, prev)]
     slo = _slo_table(snap, prev, dt)
@@ -705,52 +424,3 @@ def render(
     for e in snap.errors:
         parts.append(Text(f"error: {e}", style="red"))
     return Group(*parts)
-
-
-# -- the command --------------------------------------------------------------------------------
-
-
-async def _run(gateway: str, interval: float, once: bool, console: Console, api_key: str | None) -> int:
-    from rich.live import Live
-
-    interval = max(interval, 0.05)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=max(5.0, interval))) as session:
-        first = await snapshot(gateway, session=session, api_key=api_key)
-        if once:
-            if first.reachable:
-                await asyncio.sleep(interval)
-                second = await snapshot(gateway, session=session, api_key=api_key)
-                console.print(render(second, first))
-                return 0 if second.reachable else 1
-            console.print(render(first))
-            return 1
-        prev = first
-        with Live(render(first), console=console, auto_refresh=False, screen=False) as live:
-            while True:
-                await asyncio.sleep(interval)
-                snap = await snapshot(gateway, session=session, api_key=api_key)
-                live.update(render(snap, prev), refresh=True)
-                prev = snap
-
-
-def top(
-    gateway: str,
-    interval: float = 1.0,
-    once: bool = False,
-    *,
-    console: Console | None = None,
-    api_key: str | None = None,
-) -> None:
-    """Show the gateway live until Ctrl-C; with ``once``, one frame (two polls ``interval`` apart).
-
-    With ``once`` an unreachable gateway exits with status 1 (``SystemExit``).
-    """
-    from rich.console import Console
-
-    console = console or Console()
-    try:
-        code = asyncio.run(_run(gateway, interval, once, console, api_key))
-    except KeyboardInterrupt:
-        return
-    if code:
-        raise SystemExit(code)

@@ -1,0 +1,1 @@
+"""``tokenplane rehearse``: one scenario run in the twin and live, side by side."""
