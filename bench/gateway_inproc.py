@@ -25,6 +25,26 @@ Usage::
     python bench/gateway_inproc.py --stream --chunks 64 --concurrency 256
     python bench/gateway_inproc.py --json
     python bench/gateway_inproc.py --instructions --baseline-src /tmp/base   # ~2 minutes
+
+Tokenization's cost (``models[].tokenizer``): ``--conversations`` sends growing multi-turn chats
+of realistic size instead (a ~400-token system prompt, then turns of ~80 user and ~160 assistant
+tokens, 8 turns per conversation, one conversation at a time per connection), and
+``--tokenizer DIR`` gives the model that tokenizer folder; the instances publish KV events to a
+bound endpoint, so the request path is the precise one::
+
+    python tests/support/tiny_tokenizer.py /tmp/tok32k 32000
+    python bench/gateway_inproc.py --instructions --conversations              # without
+    python bench/gateway_inproc.py --instructions --conversations --tokenizer /tmp/tok32k
+    python bench/gateway_inproc.py --instructions --conversations --tokenizer /tmp/tok32k --encoder hf
+
+``--encoder`` picks the library that encodes (``models[].tokenizer.encoder``: ``auto`` takes
+tiktoken where it is exact for the tokenizer, ``hf`` the ``tokenizers`` library always).
+
+Single-turn chats (no prefix reuse: every request renders and tokenizes its whole prompt) are the
+default bodies; ``--kv-events`` binds the endpoints without a tokenizer too::
+
+    python bench/gateway_inproc.py --instructions --kv-events                  # without
+    python bench/gateway_inproc.py --instructions --tokenizer /tmp/tok32k
 """
 
 from __future__ import annotations
@@ -34,6 +54,7 @@ import asyncio
 import gc
 import itertools
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -58,6 +79,97 @@ except ImportError:  # pragma: no cover
 from tokenplane.runloop import freeze_startup_objects, new_event_loop  # noqa: E402
 
 DEFAULT_N = 20_000
+TURNS = 8
+_WORDS = [
+    "the",
+    "a",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "it",
+    "for",
+    "on",
+    "with",
+    "as",
+    "was",
+    "at",
+    "by",
+    "an",
+    "be",
+    "this",
+    "which",
+    "from",
+    "or",
+    "have",
+    "not",
+    "are",
+    "request",
+    "gateway",
+    "instance",
+    "model",
+    "token",
+    "cache",
+    "prefix",
+    "block",
+    "route",
+    "answer",
+    "question",
+    "system",
+    "user",
+    "conversation",
+    "latency",
+    "memory",
+    "engine",
+    "batch",
+    "queue",
+    "policy",
+    "tenant",
+    "limit",
+    "stream",
+    "reply",
+    "summary",
+    "table",
+    "report",
+    "figure",
+    "value",
+    "number",
+    "measure",
+    "average",
+    "change",
+    "result",
+    "test",
+    "error",
+    "retry",
+    "budget",
+    "schedule",
+]
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(
+        rng.choice(_WORDS) if rng.random() > 0.05 else str(rng.randint(0, 99_999)) for _ in range(n)
+    )
+
+
+def _conversation_requests(lane: int, stream: bool) -> Any:
+    """One connection's requests: growing conversations, one after another (a fixed seed per lane)."""
+    import msgspec
+
+    rng = random.Random(lane)
+    head = load._request_head(auth=True)
+    while True:
+        messages: list[dict[str, str]] = [{"role": "system", "content": _words(rng, 300)}]
+        for _ in range(TURNS):
+            messages.append({"role": "user", "content": _words(rng, 60)})
+            body: dict[str, Any] = {"model": load.MODEL, "messages": messages, "max_tokens": 64}
+            if stream:
+                body |= {"stream": True, "stream_options": {"include_usage": True}}
+            raw = msgspec.json.encode(body)
+            yield head + b"Content-Length: %d\r\n\r\n" % len(raw) + raw
+            messages.append({"role": "assistant", "content": _words(rng, 120)})
 
 
 class _Transport:
@@ -119,7 +231,14 @@ def _in_memory_client(answer: list[bytes]) -> UpstreamClient:
 
 
 async def _drive(
-    config: dict[str, Any], n: int, warmup: int, conc: int, stream: bool, answer: list[bytes]
+    config: dict[str, Any],
+    n: int,
+    warmup: int,
+    conc: int,
+    stream: bool,
+    answer: list[bytes],
+    conversations: bool = False,
+    pregen: int = 0,
 ) -> float:
     app = create_app(parse_config(config))
     app.on_startup.append(freeze_startup_objects)
@@ -135,12 +254,13 @@ async def _drive(
     done = loop.create_future()
     end_marker = b"0\r\n\r\n" if stream else b""
 
-    def request() -> bytes:
+    def fixed_request() -> bytes:
         return load._request(req_head, heads, tail, next(counter))
 
-    def client() -> None:
+    def client(lane: int) -> None:
         proto = server.front.protocol()  # type: ignore[union-attr]
         pending = bytearray()
+        request = iter(ready[lane]).__next__ if conversations else fixed_request
 
         def on_write(data: bytes) -> None:
             pending.extend(data)
@@ -161,8 +281,16 @@ async def _drive(
         proto.connection_made(t)  # type: ignore[arg-type]
         proto.data_received(request())
 
-    for _ in range(conc):
-        client()
+    # conversations: every body made before the first request (the same number in the short and the
+    # long run under --instructions, so that making them cancels out)
+    per_lane = (max(pregen, n) + warmup) // conc + 2
+    ready = (
+        [list(itertools.islice(_conversation_requests(lane, stream), per_lane)) for lane in range(conc)]
+        if conversations
+        else []
+    )
+    for lane in range(conc):
+        client(lane)
     while state["answered"] < warmup:
         await asyncio.sleep(0.01)
     c0 = time.process_time()
@@ -187,10 +315,15 @@ def _instructions(src: Path | None, a: argparse.Namespace) -> float:
         env["PYTHONPATH"] = str(src / "src")
     common = ["--warmup", str(a.warmup), "--rounds", "1", "--concurrency", str(a.concurrency)]
     common += ["--chunks", str(a.chunks)] + (["--stream"] if a.stream else [])
+    common += (["--conversations"] if a.conversations else []) + (
+        ["--tokenizer", str(a.tokenizer)] if a.tokenizer else []
+    )
+    common += ["--kv-events"] if a.kv_events else []
+    common += ["--encoder", a.encoder]
 
     def count(n: int) -> int:
         cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-               str(Path(__file__).resolve()), "--n", str(n), *common]  # fmt: skip
+               str(Path(__file__).resolve()), "--n", str(n), "--pregen", str(4 * a.n), *common]  # fmt: skip
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         for line in proc.stderr.splitlines():
             if "Collected :" in line:
@@ -213,13 +346,29 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--instructions", action="store_true", help="count instructions under callgrind")
     p.add_argument("--baseline-src", type=Path, help="with --instructions: another checkout, counted too")
+    p.add_argument("--conversations", action="store_true", help="growing multi-turn chats (see above)")
+    p.add_argument("--tokenizer", type=Path, help="the model's tokenizer folder (models[].tokenizer)")
+    p.add_argument(
+        "--encoder",
+        choices=("auto", "tiktoken", "hf"),
+        default="auto",
+        help="with --tokenizer: models[].tokenizer.encoder (hf: the tokenizers library always)",
+    )
+    p.add_argument(
+        "--kv-events",
+        action="store_true",
+        help="bind KV-event endpoints without --conversations or --tokenizer too (a single-turn run "
+        "without a tokenizer that differs from one with only in the tokenizer)",
+    )
+    p.add_argument("--pregen", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.instructions:
         if shutil.which("valgrind") is None:
             raise SystemExit("--instructions needs valgrind (apt install valgrind)")
         if a.n == DEFAULT_N:
             a.n, a.warmup = (200, 256) if a.stream else (400, 300)
-        kind = "stream" if a.stream else "non-stream"
+        kind = ("stream" if a.stream else "non-stream") + (" conversations" if a.conversations else "")
+        kind += f" tokenizer={a.tokenizer} encoder={a.encoder}" if a.tokenizer else ""
         here = _instructions(None, a)
         out = {"kind": kind, "concurrency": a.concurrency, "instructions_per_req": here}
         line = f"{kind} c{a.concurrency}: {here:,.0f} instructions per request"
@@ -243,18 +392,28 @@ def main() -> None:
         # the figure (under an instruction counter, 50 times slower, they would be 50 times as many).
         cfg["scrape"] = {"interval_s": 3600.0}
         cfg["health"] = {"interval_s": 3600.0}
+        if (
+            a.conversations or a.tokenizer or a.kv_events
+        ):  # the precise path: KV events bound (nobody publishes)
+            for inst in cfg["instances"]:
+                inst["kv_events"] = {"endpoint": "tcp://127.0.0.1:*"}
+        if a.tokenizer:
+            cfg["models"][0]["tokenizer"] = {"path": str(a.tokenizer)}
+            if a.encoder != "auto":  # (a --baseline-src checkout may predate the knob)
+                cfg["models"][0]["tokenizer"]["encoder"] = a.encoder
         answer = _answer(a.stream, a.chunks)
         best = float("inf")
         for _ in range(a.rounds):
             loop = new_event_loop()
             try:
-                drive = _drive(cfg, a.n, a.warmup, a.concurrency, a.stream, answer)
+                drive = _drive(cfg, a.n, a.warmup, a.concurrency, a.stream, answer, a.conversations, a.pregen)
                 best = min(best, loop.run_until_complete(drive))
             finally:
                 loop.close()
             gc.unfreeze()
             gc.collect()
-        kind = "stream" if a.stream else "non-stream"
+        kind = ("stream" if a.stream else "non-stream") + (" conversations" if a.conversations else "")
+        kind += f" tokenizer={a.tokenizer} encoder={a.encoder}" if a.tokenizer else ""
         if a.json:
             print(json.dumps({"kind": kind, "concurrency": a.concurrency, "cpu_ms_per_req": best}))
         else:

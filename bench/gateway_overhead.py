@@ -68,6 +68,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _proc_cpu import proc_cpu_s  # noqa: E402  (re-exported: other benches import it from here)
+
 MODEL = "bench-model"
 API_KEY = "sk-bench-0123456789"
 N_UPSTREAMS = 4
@@ -85,14 +89,6 @@ def _scenario(name: str) -> tuple[str, int]:
 # ---------------------------------------------------------------------------------------------
 # Load generator (runs in its own process)
 # ---------------------------------------------------------------------------------------------
-
-
-def proc_cpu_s(pid: int) -> float:
-    """User plus system CPU seconds of a process (all its threads), from ``/proc/<pid>/stat``."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        s = f.read()
-    fields = s[s.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class _Conn(asyncio.Protocol):

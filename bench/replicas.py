@@ -19,9 +19,17 @@ closed-loop load generator (``gateway_overhead.py``'s raw-protocol client, in it
 Per configuration (the median over rounds): ``rps``; ``gateway_cpu_ms_per_req``, the gateway
 processes' CPU (``utime + stime`` from ``/proc``, every replica or worker summed; Redis's own CPU
 is not counted) per completed request; ``added_p50_ms`` / ``added_p99_ms``, client latency minus
-the direct run's at the same percentile; ``errors``. ``summary.redis3_over_memory1_cpu`` is the
-median of the per-round ratios (robust to a shared machine's drift), and so is
-``summary.workers2_over_workers1_cpu`` when both ran.
+the direct run's at the same percentile; ``errors``. Also ``idle_cpu_ms_per_s``: what the
+configuration's processes cost per second with no load at all (timers, syncs, health checks,
+scrapes; measured first, every configuration idle at once for ``--idle`` seconds), and
+``cpu_ms_per_req_less_idle``: the CPU per request less that idle cost over the measured time, the
+per-request cost alone. Three processes have three times one process's fixed costs, and at a
+third of the load each a third of the requests to spread them over, so ``redis-3`` against
+``memory-1`` mixes that with what Redis costs; ``memory-3`` (three replicas on the memory backend)
+is ``redis-3``'s like for like. ``summary`` holds the ratios (each the median of the per-round
+ratios, robust to a shared machine's drift): ``redis3_over_memory1_cpu`` (the issue's),
+``redis3_over_memory3_cpu``, ``memory3_over_memory1_cpu``, ``workers2_over_workers1_cpu``, and each
+again ``..._less_idle``. ``bench/state_inproc.py`` counts the same comparison in instructions.
 
 Usage::
 
@@ -33,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import json
 import os
@@ -51,6 +58,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import gateway_overhead as go  # noqa: E402  (the fake fleet's helpers and the raw client)
+from _proc_cpu import cpu_s, descendants  # noqa: E402
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 SKIPPED = {"skipped": "serve --workers not available"}
@@ -59,30 +67,6 @@ SKIPPED = {"skipped": "serve --workers not available"}
 # ---------------------------------------------------------------------------------------------
 # Load generator (its own process)
 # ---------------------------------------------------------------------------------------------
-
-
-def _children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (a ``--workers`` master's worker processes)."""
-    out: list[int] = []
-    frontier = [pid]
-    while frontier:
-        parent = frontier.pop()
-        try:
-            with open(f"/proc/{parent}/task/{parent}/children") as f:
-                kids = [int(x) for x in f.read().split()]
-        except OSError:
-            kids = []
-        out += kids
-        frontier += kids
-    return out
-
-
-def _cpu(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            total += go.proc_cpu_s(pid)
-    return total
 
 
 async def _run_target(target: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
@@ -121,13 +105,13 @@ async def _run_target(target: dict[str, Any], spec: dict[str, Any]) -> dict[str,
 
     tasks = [asyncio.create_task(worker(i)) for i in range(conc)]
     await asyncio.sleep(spec["warmup_s"])
-    pids = [p for top in target["pids"] for p in (top, *(_children(top) if target.get("tree") else ()))]
-    cpu0 = _cpu(pids)
+    pids = [p for top in target["pids"] for p in (top, *(descendants(top) if target.get("tree") else ()))]
+    cpu0 = cpu_s(pids)
     t0 = time.perf_counter()
     state["measuring"] = True
     await asyncio.sleep(spec["window_s"])
     state["measuring"] = False
-    cpu1 = _cpu(pids)
+    cpu1 = cpu_s(pids)
     wall = time.perf_counter() - t0
     state["stop"] = True
     _, pending = await asyncio.wait(tasks, timeout=2.0)
@@ -140,14 +124,32 @@ async def _run_target(target: dict[str, Any], spec: dict[str, Any]) -> dict[str,
         "errors": errors[0],
         "rps": n / wall,
         "cpu_ms_per_req": (cpu1 - cpu0) * 1000 / n if n else float("nan"),
+        "cpu_ms": (cpu1 - cpu0) * 1000,
+        "wall_s": wall,
         "p50_ms": go._pct(total, 0.5) * 1000,
         "p99_ms": go._pct(total, 0.99) * 1000,
         "processes": len(pids),
     }
 
 
+async def _idle(spec: dict[str, Any]) -> dict[str, float]:
+    """Each configuration's CPU ms per second with no load at all (its timers, syncs, health
+    checks and scrapes: what its processes cost whatever the traffic), every configuration idle at
+    once for ``idle_s``."""
+    groups = {t["config"]: t for t in spec["targets"] if "config" in t}
+    pids = {
+        name: [p for top in t["pids"] for p in (top, *(descendants(top) if t.get("tree") else ()))]
+        for name, t in groups.items()
+    }
+    before = {name: cpu_s(ps) for name, ps in pids.items()}
+    t0 = time.perf_counter()
+    await asyncio.sleep(spec["idle_s"])
+    wall = time.perf_counter() - t0
+    return {name: (cpu_s(ps) - before[name]) * 1000 / wall for name, ps in pids.items()}
+
+
 async def _loadgen(spec: dict[str, Any]) -> None:
-    out = {}
+    out: dict[str, Any] = {"idle": await _idle(spec)} if spec["idle_s"] > 0 else {}
     for target in spec["targets"]:
         out[target["name"]] = await _run_target(target, spec)
         await asyncio.sleep(0.3)
@@ -207,8 +209,8 @@ class Fleet:
         try:
             start("memory-1", 1, {"backend": "memory"})
             start("redis-3", 3, redis_state)
-            if diagnose:  # what three processes cost, and what Redis costs in one
-                start("memory-3", 3, {"backend": "memory"})
+            start("memory-3", 3, {"backend": "memory"})  # redis-3's like for like
+            if diagnose:  # what Redis costs in one process
                 start("redis-1", 1, redis_state)
             if _has_workers(serve):
                 start("workers-1", 1, redis_state, workers=1)
@@ -226,6 +228,7 @@ class Fleet:
         pids = [p.pid for p in c["procs"]]
         return {
             "name": f"{name}#{round_}",
+            "config": name,
             "ports": c["ports"],
             "pids": pids,
             "auth": True,
@@ -278,6 +281,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "warmup_s": args.warmup,
                 "window_s": args.window,
                 "prompt_chars": args.prompt_chars,
+                "idle_s": args.idle,
             }
             p = go._spawn(
                 [sys.executable, str(Path(__file__).resolve()), "--_loadgen", json.dumps(spec)],
@@ -293,8 +297,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _delete_prefix(prefix)
     direct = raw["direct"]
     result: dict[str, Any] = {}
-    extra = ("memory-3", "redis-1") if args.diagnose else ()
-    for name in ("memory-1", "redis-3", "workers-1", "workers-2", *extra):
+    idle = raw.get("idle", {})
+
+    def less_idle(x: dict[str, Any], name: str) -> float:
+        """CPU per request less what the configuration's processes cost idle over the same time."""
+        if not x["requests"] or name not in idle:
+            return float("nan")
+        return (x["cpu_ms"] - idle[name] * x["wall_s"]) / x["requests"]
+
+    extra = ("redis-1",) if args.diagnose else ()
+    for name in ("memory-1", "redis-3", "memory-3", "workers-1", "workers-2", *extra):
         rounds = [raw[f"{name}#{r}"] for r in range(args.rounds) if f"{name}#{r}" in raw]
         if not rounds:
             result[name] = dict(SKIPPED)
@@ -302,38 +314,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result[name] = {
             "rps": round(_median([x["rps"] for x in rounds]), 1),
             "gateway_cpu_ms_per_req": round(_median([x["cpu_ms_per_req"] for x in rounds]), 4),
+            "idle_cpu_ms_per_s": round(idle.get(name, float("nan")), 3),
+            "cpu_ms_per_req_less_idle": round(_median([less_idle(x, name) for x in rounds]), 4),
             "added_p50_ms": round(_median([x["p50_ms"] for x in rounds]) - direct["p50_ms"], 3),
             "added_p99_ms": round(_median([x["p99_ms"] for x in rounds]) - direct["p99_ms"], 3),
             "errors": sum(x["errors"] for x in rounds),
             "processes": rounds[0]["processes"],
         }
 
-    def ratio(a: str, b: str) -> float | None:
+    def ratio(a: str, b: str, net: bool = False) -> float | None:
+        def per_req(name: str, r: int) -> float:
+            x = raw[f"{name}#{r}"]
+            return less_idle(x, name) if net else float(x["cpu_ms_per_req"])
+
         per_round = [
-            raw[f"{a}#{r}"]["cpu_ms_per_req"] / raw[f"{b}#{r}"]["cpu_ms_per_req"]
+            per_req(a, r) / per_req(b, r)
             for r in range(args.rounds)
             if f"{a}#{r}" in raw and f"{b}#{r}" in raw
         ]
         return round(_median(per_round), 3) if per_round else None
 
+    pairs = [
+        ("redis-3", "memory-1"),
+        ("redis-3", "memory-3"),
+        ("memory-3", "memory-1"),
+        ("workers-2", "workers-1"),
+    ]
+    if args.diagnose:
+        pairs.append(("redis-1", "memory-1"))
+    key = {name: name.replace("-", "") for pair in pairs for name in pair}
     result["summary"] = {
-        "redis3_over_memory1_cpu": ratio("redis-3", "memory-1"),
-        "workers2_over_workers1_cpu": ratio("workers-2", "workers-1"),
-        **(
-            {
-                "memory3_over_memory1_cpu": ratio("memory-3", "memory-1"),
-                "redis1_over_memory1_cpu": ratio("redis-1", "memory-1"),
-                "redis3_over_memory3_cpu": ratio("redis-3", "memory-3"),
-            }
-            if args.diagnose
-            else {}
-        ),
+        **{f"{key[a]}_over_{key[b]}_cpu": ratio(a, b) for a, b in pairs},
+        **{f"{key[a]}_over_{key[b]}_cpu_less_idle": ratio(a, b, net=True) for a, b in pairs},
         "direct_rps": round(direct["rps"], 1),
         "settings": {
             "concurrency": args.concurrency,
             "rounds": args.rounds,
             "window_s": args.window,
             "warmup_s": args.warmup,
+            "idle_s": args.idle,
             "pinned": cpus != (None, None),
         },
     }
@@ -341,7 +360,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _table(res: dict[str, Any]) -> str:
-    lines = [f"{'config':<10} {'rps':>8} {'cpu ms/req':>11} {'+p50 ms':>8} {'+p99 ms':>8} {'errors':>7}"]
+    head = f"{'config':<10} {'rps':>8} {'cpu ms/req':>11} {'less idle':>10} {'idle ms/s':>10}"
+    lines = [head + f" {'+p50 ms':>8} {'+p99 ms':>8} {'errors':>7}"]
     for name, r in res.items():
         if name == "summary":
             continue
@@ -350,17 +370,12 @@ def _table(res: dict[str, Any]) -> str:
             continue
         lines.append(
             f"{name:<10} {r['rps']:>8.1f} {r['gateway_cpu_ms_per_req']:>11.4f} "
+            f"{r['cpu_ms_per_req_less_idle']:>10.4f} {r['idle_cpu_ms_per_s']:>10.2f} "
             f"{r['added_p50_ms']:>8.3f} {r['added_p99_ms']:>8.3f} {r['errors']:>7}"
         )
-    s = res["summary"]
-    lines.append(
-        f"redis-3 / memory-1 CPU per request (median of per-round ratios): {s['redis3_over_memory1_cpu']}"
-    )
-    for key in ("memory3_over_memory1_cpu", "redis1_over_memory1_cpu", "redis3_over_memory3_cpu"):
-        if key in s:
-            lines.append(f"{key}: {s[key]}")
-    if s["workers2_over_workers1_cpu"] is not None:
-        lines.append(f"workers-2 / workers-1 CPU per request: {s['workers2_over_workers1_cpu']}")
+    for key, value in res["summary"].items():
+        if key.endswith(("_cpu", "_cpu_less_idle")) and value is not None:
+            lines.append(f"{key}: {value} (median of per-round ratios)")
     return "\n".join(lines)
 
 
@@ -382,9 +397,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=1.5)
     ap.add_argument("--prompt-chars", type=int, default=2000)
     ap.add_argument(
+        "--idle", type=float, default=5.0, help="seconds every configuration is measured idle first (0: not)"
+    )
+    ap.add_argument(
         "--diagnose",
         action="store_true",
-        help="also memory-3 (three replicas, memory backend) and redis-1 (one replica on Redis)",
+        help="also redis-1 (one replica on Redis)",
     )
     args = ap.parse_args()
     res = run(args)

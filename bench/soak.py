@@ -21,7 +21,8 @@ Checks (printed as JSON with ``--json``):
   complete answer, an HTTP error with an OpenAI error body, an error event in its stream, or a
   connection error while the gateway was being restarted; anything else (no answer within the
   client's timeout, a stream that ends without ``[DONE]`` or an error, an error without the
-  OpenAI shape, a connection error while the gateway was up) is lost.
+  OpenAI shape, a connection error while the gateway was up) is lost. ``lost_reasons`` counts
+  why (per stack), ``lost_sent_at_s`` when the first and last lost request were sent.
 * ``ledger_mismatches``: after the run every workflow is read back through
   ``GET /v1/workflows/{id}``: a task the client saw succeed must be ``succeeded`` with an ok
   attempt for each step; a step the client saw fail must have no ok attempt and its task must
@@ -44,27 +45,20 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import random
 import secrets
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Awaitable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
+from soak_stack import MODEL, ChaosEvent, Fleet, Gateway, Stack
 
-from tokenplane.gateway import hash_key
-
-MODEL = "llama-3-8b"
 HEADER = "x-tokenplane-"
 _TEXT = (
     "tensor kernel batch cache token prefix route queue shard replica latency budget agent tool search "
@@ -73,144 +67,7 @@ _TEXT = (
 WORDS = _TEXT.split()
 ACTIONS = ("kill", "crash", "stall", "slow", "fail", "hang", "unhealthy", "gateway_restart")
 ACTION_WEIGHTS = (0.15, 0.1, 0.15, 0.15, 0.15, 0.1, 0.1, 0.05)
-
-
-# -- processes --------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as fh:
-        return subprocess.Popen(
-            [sys.executable, "-m", *args], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-
-def stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM, wait_s: float = 10.0) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
-    try:
-        proc.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-async def wait_healthy(
-    http: aiohttp.ClientSession, url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 60
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {proc.returncode} before becoming healthy")
-        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-            async with http.get(url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
-                if r.status == 200:
-                    return
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"{what} did not become healthy at {url} within {timeout_s} s")
-
-
-@dataclass
-class Fleet:
-    instances: int = 3
-    max_num_seqs: int = 4
-    step_ms: float = 40.0
-    max_tokens: tuple[int, int] = (8, 40)
-
-    def mean_service_s(self) -> float:
-        """A request's time on an instance: one prefill step, then one step per output token."""
-        return (1 + sum(self.max_tokens) / 2) * self.step_ms / 1000.0
-
-    def capacity_rps(self) -> float:
-        return self.instances * self.max_num_seqs / self.mean_service_s()
-
-
-class Emulator:
-    def __init__(self, name: str, fleet: Fleet, seed: int, workdir: Path) -> None:
-        self.name = name
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.fleet = fleet
-        self.seed = seed
-        self.log = workdir / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.down = False  # deliberately killed; the supervisor leaves it alone
-        self.restarts = 0
-
-    def start(self) -> None:
-        self.proc = spawn(
-            [
-                "tokenplane.emulator",
-                "--port",
-                str(self.port),
-                "--model",
-                MODEL,
-                "--served-model-name",
-                MODEL,
-                "--fixed-step-ms",
-                str(self.fleet.step_ms),
-                "--max-num-seqs",
-                str(self.fleet.max_num_seqs),
-                "--seed",
-                str(self.seed),
-            ],
-            self.log,
-        )
-
-
-class Gateway:
-    def __init__(self, name: str, emulators: list[Emulator], key: str, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / f"{name}.log"
-        self.config = workdir / f"{name}.yaml"
-        config = {
-            "listen": {"host": "127.0.0.1", "port": self.port},
-            "tenants": [{"name": "soak", "priority": "interactive", "api_keys": [hash_key(key)]}],
-            "models": [{"name": MODEL}],
-            "instances": [
-                {"id": e.name, "url": e.url, "model": MODEL, "kind": "emulated"} for e in emulators
-            ],
-            "scrape": {"interval_s": 0.5},
-            "health": {"interval_s": 0.5, "failures_to_down": 2},
-            "retry": {"first_byte_timeout_s": 5.0, "stream_idle_timeout_s": 3.0},
-            "ledger": {"path": str(workdir / f"{name}-ledger.sqlite")},
-        }
-        self.config.write_text(yaml.safe_dump(config, sort_keys=False))
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.lifetimes: list[list[tuple[float, int, int]]] = []  # per process: (t, rss_kb, fds)
-        self.cpu_s: list[float] = []  # CPU seconds per process lifetime (user + system)
-        self.in_flight = 0  # client requests open to it (one connection each: no client pooling)
-
-    def start(self) -> None:
-        self.proc = spawn(["tokenplane", "serve", str(self.config)], self.log)
-        self.lifetimes.append([])
-        self.cpu_s.append(0.0)
-
-    def sample(self, t: float) -> None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            status = Path(f"/proc/{proc.pid}/status").read_text()
-            fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
-        except OSError:
-            return
-        rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            self.cpu_s[-1] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        # Each request in flight holds one client connection here: those are load, not growth.
-        self.lifetimes[-1].append((t, rss, fds - self.in_flight))
+SHARED_ACTIONS = {"redis_restart": 0.05, "pg_cut": 0.05}  # with --redis / --postgres
 
 
 # -- traffic ----------------------------------------------------------------------------------------
@@ -274,7 +131,6 @@ async def one_request(
     task: Task,
     step: int,
     t0: float,
-    in_restart: Callable[[float, float], bool],
     timeout_s: float,
 ) -> Outcome:
     stream = task.streams[step - 1]
@@ -333,7 +189,7 @@ async def one_request(
                         out.ttft_s = time.monotonic() - t0 - sent
                 if done:
                     out.kind = "ok"
-                elif in_restart(sent, time.monotonic() - t0):
+                elif gw.in_restart(sent, time.monotonic() - t0):
                     out.kind, out.detail = "restart_error", "stream cut while the gateway restarted"
                 else:
                     out.detail = "stream ended without [DONE] or an error"
@@ -343,7 +199,7 @@ async def one_request(
     except (aiohttp.ClientError, ConnectionError, ValueError) as exc:
         if done:  # the whole answer came; the connection broke after it
             out.kind = "ok"
-        elif in_restart(sent, time.monotonic() - t0):
+        elif gw.in_restart(sent, time.monotonic() - t0):
             out.kind, out.detail = "restart_error", type(exc).__name__
         else:
             out.detail = f"{type(exc).__name__}: {exc}"
@@ -355,20 +211,21 @@ async def one_request(
 # -- chaos --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class ChaosEvent:
-    t: float
-    action: str
-    target: str
-    duration_s: float
-    params: dict[str, Any] = field(default_factory=dict)
-    end_t: float | None = None  # when the fault was lifted (and the target healthy again)
-
-
-def chaos_schedule(seed: int, duration_s: float, emulators: list[str], mean_gap_s: float) -> list[ChaosEvent]:
+def chaos_schedule(
+    seed: int,
+    duration_s: float,
+    emulators: list[str],
+    mean_gap_s: float,
+    gateways: tuple[str, ...] = ("gateway",),
+    shared: tuple[str, ...] = (),
+) -> list[ChaosEvent]:
     """Seeded faults; at most ``len(emulators) - 1`` instances faulted at once, one gateway restart
-    at a time, none in the first 10 % or the last 10 % of the run (warm-up and drain)."""
+    at a time, none in the first 10 % or the last 10 % of the run (warm-up and drain). ``gateways``:
+    the replicas a restart picks from; ``shared``: the extra actions (``SHARED_ACTIONS``) on what
+    replicas share, one at a time."""
     rng = random.Random(seed ^ 0xC4A05)
+    actions = ACTIONS + tuple(a for a in SHARED_ACTIONS if a in shared)
+    weights = ACTION_WEIGHTS + tuple(SHARED_ACTIONS[a] for a in actions[len(ACTIONS) :])
     events: list[ChaosEvent] = []
     busy: dict[str, float] = {}
     t = max(5.0, duration_s * 0.1)
@@ -376,15 +233,24 @@ def chaos_schedule(seed: int, duration_s: float, emulators: list[str], mean_gap_
         t += rng.expovariate(1.0 / mean_gap_s)
         if t >= duration_s * 0.9:
             return events
-        action = rng.choices(ACTIONS, ACTION_WEIGHTS)[0]
+        action = rng.choices(actions, weights)[0]
         d = round(
             max(1.0, rng.uniform(4.0, 15.0) * min(1.0, duration_s / 120)), 1
         )  # short runs: short faults
         if action == "gateway_restart":
-            if busy.get("gateway", 0) > t:
+            if busy.get("gateway", 0) > t or busy.get("shared", 0) > t:
                 continue
             busy["gateway"] = t + min(10.0, duration_s / 4)
-            events.append(ChaosEvent(round(t, 2), action, "gateway", 0.0))
+            target = gateways[0] if len(gateways) == 1 else rng.choice(gateways)
+            events.append(ChaosEvent(round(t, 2), action, target, 0.0))
+            continue
+        if action in SHARED_ACTIONS:
+            # Not while a replica restarts: one that stops while the database is cut off loses the
+            # ledger writes it still had queued (ledger/aio.py, close_timeout_s), a known limit.
+            if busy.get("shared", 0) > t or busy.get("gateway", 0) > t:
+                continue
+            busy["shared"] = t + d + min(3.0, d)
+            events.append(ChaosEvent(round(t, 2), action, action.split("_")[0], d))
             continue
         free = [e for e in emulators if busy.get(e, 0) <= t]
         if len(free) <= 1:
@@ -407,93 +273,6 @@ def chaos_schedule(seed: int, duration_s: float, emulators: list[str], mean_gap_
         events.append(ChaosEvent(round(t, 2), action, target, d, params))
 
 
-class Stack:
-    """A gateway and its emulators, with a supervisor that restarts an instance that died."""
-
-    def __init__(self, name: str, fleet: Fleet, seed: int, workdir: Path, key: str) -> None:
-        self.name = name
-        self.emulators = [
-            Emulator(f"{name}-emu-{i}", fleet, seed + i, workdir) for i in range(fleet.instances)
-        ]
-        self.gateway = Gateway(f"{name}-gateway", self.emulators, key, workdir)
-        self.restart_windows: list[tuple[float, float]] = []
-        self.fault_windows: list[tuple[float, float]] = []
-        self.gateway_down_since: float | None = None
-
-    async def start(self, http: aiohttp.ClientSession) -> None:
-        for e in self.emulators:
-            e.start()
-        self.gateway.start()
-        for e in self.emulators:
-            assert e.proc is not None
-            await wait_healthy(http, e.url, e.proc, e.name)
-        assert self.gateway.proc is not None
-        await wait_healthy(http, self.gateway.url, self.gateway.proc, self.gateway.log.stem)
-
-    def stop(self) -> None:
-        stop(self.gateway.proc)
-        for e in self.emulators:
-            stop(e.proc)
-
-    def in_restart(self, a: float, b: float) -> bool:
-        """Whether [a, b] overlaps a gateway restart window (or one still under way)."""
-        if self.gateway_down_since is not None and b >= self.gateway_down_since:
-            return True
-        return any(s <= b and a <= e for s, e in self.restart_windows)
-
-    async def supervise(self, http: aiohttp.ClientSession, stop_at: Callable[[], bool]) -> None:
-        """Restart an emulator that ended by itself (the crash fault) on its own port."""
-        while not stop_at():
-            for e in self.emulators:
-                if not e.down and e.proc is not None and e.proc.poll() is not None:
-                    e.down = True
-                    e.start()
-                    e.restarts += 1
-                    with contextlib.suppress(RuntimeError):
-                        await wait_healthy(http, e.url, e.proc, e.name)
-                    e.down = False
-            await asyncio.sleep(0.2)
-
-    async def apply(self, http: aiohttp.ClientSession, ev: ChaosEvent, t0: float) -> None:
-        start = time.monotonic() - t0
-        if ev.action == "gateway_restart":
-            gw = self.gateway
-            self.gateway_down_since = start
-            stop(gw.proc)
-            gw.start()
-            assert gw.proc is not None
-            await wait_healthy(http, gw.url, gw.proc, "gateway (restarted)")
-            end = time.monotonic() - t0 + 1.0
-            self.restart_windows.append((start, end))
-            self.gateway_down_since = None
-            ev.end_t = round(end, 2)
-            self.fault_windows.append((start, end))
-            return
-        emu = next(e for e in self.emulators if e.name == ev.target)
-        if ev.action == "kill":
-            emu.down = True
-            stop(emu.proc, signal.SIGKILL)
-            await asyncio.sleep(ev.duration_s)
-            emu.start()
-            emu.restarts += 1
-            assert emu.proc is not None
-            await wait_healthy(http, emu.url, emu.proc, emu.name)
-            emu.down = False
-        else:
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                async with http.post(emu.url + "/admin/faults", json={"clear": True, **ev.params}) as r:
-                    r.raise_for_status()
-            await asyncio.sleep(ev.duration_s)
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                async with http.post(emu.url + "/admin/faults", json={"clear": True}) as r:
-                    r.raise_for_status()
-        # A fault's effects (hung streams, requests parked on a dead instance) outlast it by the
-        # gateway's own timeouts.
-        end = time.monotonic() - t0 + 6.0
-        ev.end_t = round(end, 2)
-        self.fault_windows.append((start, end))
-
-
 # -- the run ------------------------------------------------------------------------------------------
 
 
@@ -504,9 +283,11 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))], 4)
 
 
-def _growth(gw: Gateway, warmup_s: float) -> tuple[float | None, int | None, list[dict[str, Any]]]:
+def _growth(
+    gw: Gateway, warmup_s: float, curve_every_s: float = 60.0
+) -> tuple[float | None, int | None, list[dict[str, Any]]]:
     per: list[dict[str, Any]] = []
-    for samples in gw.lifetimes:
+    for samples, full_at in zip(gw.lifetimes, gw.index_full_at, strict=True):
         if not samples:
             continue
         start = samples[0][0]
@@ -518,20 +299,59 @@ def _growth(gw: Gateway, warmup_s: float) -> tuple[float | None, int | None, lis
         rss1 = statistics.median(s[1] for s in tail)
         fd0 = statistics.median(s[2] for s in head)
         fd1 = statistics.median(s[2] for s in tail)
+        curve, next_t = [], start
+        for t, rss, fds in samples:
+            if t >= next_t:
+                curve.append([round(t / 60, 1), round(rss / 1024, 1), fds])
+                next_t = t + curve_every_s
         per.append(
             {
+                "curve_min_mb_fds": curve,
                 "from_s": round(after[0][0], 1),
                 "to_s": round(after[-1][0], 1),
                 "rss_kb": [int(rss0), int(rss1)],
                 "rss_growth_pct": round((rss1 - rss0) / rss0 * 100, 2),
                 "fds": [int(fd0), int(fd1)],
                 "fd_growth": int(fd1 - fd0),
+                **_after_index_full(samples, full_at),
             }
         )
     if not per:
         return None, None, per
     longest = max(per, key=lambda p: p["to_s"] - p["from_s"])
     return longest["rss_growth_pct"], longest["fd_growth"], per
+
+
+def _after_index_full(samples: list[tuple[float, int, int]], full_at: float | None) -> dict[str, Any]:
+    """RSS growth from the moment the prefix index was full (every instance at its KV cache size)."""
+    after = [s for s in samples if full_at is not None and s[0] >= full_at]
+    if len(after) < 6:
+        return {"index_full_at_s": full_at, "rss_growth_pct_after_index_full": None}
+    rss0 = statistics.median(s[1] for s in after[:3])
+    rss1 = statistics.median(s[1] for s in after[-3:])
+    return {
+        "index_full_at_s": round(after[0][0], 1),
+        "rss_growth_pct_after_index_full": round((rss1 - rss0) / rss0 * 100, 2),
+    }
+
+
+def _growth_of(
+    gateways: list[Gateway], warmup_s: float
+) -> tuple[float | None, int | None, list[dict[str, Any]]]:
+    """:func:`_growth` of one gateway, or the worst of several replicas (each lifetime named)."""
+    worst_rss: float | None = None
+    worst_fds: int | None = None
+    every: list[dict[str, Any]] = []
+    for g in gateways:
+        rss, fds, per = _growth(g, warmup_s)
+        if len(gateways) > 1:
+            per = [{"process": g.name, **p} for p in per]
+        every.extend(per)
+        if rss is not None and (worst_rss is None or rss > worst_rss):
+            worst_rss = rss
+        if fds is not None and (worst_fds is None or fds > worst_fds):
+            worst_fds = fds
+    return worst_rss, worst_fds, every
 
 
 async def check_ledger(
@@ -602,7 +422,7 @@ async def drive(
     async def run_task(task: Task) -> None:
         await asyncio.sleep(max(0.0, t0 + task.at - time.monotonic()))
         for step in range(1, task.steps + 1):
-            o = await one_request(http, stack.gateway, key, task, step, t0, stack.in_restart, timeout_s)
+            o = await one_request(http, stack.pick(), key, task, step, t0, timeout_s)
             outcomes.append(o)
             if o.kind != "ok":
                 return
@@ -619,6 +439,10 @@ def summarize(stack: Stack, outcomes: list[Outcome], wall_s: float) -> dict[str,
     def inside(o: Outcome) -> bool:
         return any(s <= o.sent_t <= e for s, e in stack.fault_windows)
 
+    lost = [o for o in outcomes if o.kind == "lost"]
+    why: dict[str, int] = {}
+    for o in lost:
+        why[o.detail] = why.get(o.detail, 0) + 1
     ttft_in = [o.ttft_s for o in outcomes if o.ttft_s is not None and inside(o)]
     ttft_out = [o.ttft_s for o in outcomes if o.ttft_s is not None and not inside(o)]
     return {
@@ -626,6 +450,11 @@ def summarize(stack: Stack, outcomes: list[Outcome], wall_s: float) -> dict[str,
         "terminal_outcomes": len(outcomes) - kinds.get("lost", 0),
         "lost": kinds.get("lost", 0),
         "outcomes": kinds,
+        # why each lost request was lost (the ten commonest reasons) and when the lost ones were sent
+        "lost_reasons": dict(sorted(why.items(), key=lambda kv: -kv[1])[:10]),
+        "lost_sent_at_s": [round(min(o.sent_t for o in lost), 1), round(max(o.sent_t for o in lost), 1)]
+        if lost
+        else None,
         "goodput_rps": round(kinds.get("ok", 0) / wall_s, 3),
         "ttft_p99_in_fault_windows_s": _pct(ttft_in, 99),
         "ttft_p99_outside_fault_windows_s": _pct(ttft_out, 99),
@@ -635,16 +464,30 @@ def summarize(stack: Stack, outcomes: list[Outcome], wall_s: float) -> dict[str,
 
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
     duration_s = args.seconds if args.seconds else args.minutes * 60.0
-    fleet = Fleet(instances=args.instances, max_num_seqs=args.max_num_seqs, step_ms=args.step_ms)
+    fleet = Fleet(
+        instances=args.instances,
+        max_num_seqs=args.max_num_seqs,
+        step_ms=args.step_ms,
+        kv_capacity_tokens=args.kv_capacity_tokens,
+    )
     rps = args.rps if args.rps else args.load * fleet.capacity_rps()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="tokenplane-soak-"))
     workdir.mkdir(parents=True, exist_ok=True)
     key = "tp-soak-" + secrets.token_hex(8)
     tasks = workload(args.seed, duration_s, rps, fleet)
-    chaos = Stack("chaos", fleet, args.seed, workdir, key)
-    calm = Stack("calm", fleet, args.seed, workdir, key) if args.baseline else None
+    shape = {"replicas": args.replicas, "redis": args.redis, "postgres": args.postgres}
+    chaos = Stack("chaos", fleet, args.seed, workdir, key, **shape)
+    calm = Stack("calm", fleet, args.seed, workdir, key, **shape) if args.baseline else None
     stacks = [s for s in (chaos, calm) if s is not None]
-    schedule = chaos_schedule(args.seed, duration_s, [e.name for e in chaos.emulators], args.chaos_gap_s)
+    shared = tuple(a for a, on in (("redis_restart", args.redis), ("pg_cut", args.postgres)) if on)
+    schedule = chaos_schedule(
+        args.seed,
+        duration_s,
+        [e.name for e in chaos.emulators],
+        args.chaos_gap_s,
+        tuple(g.name for g in chaos.gateways) if args.replicas > 1 else ("gateway",),
+        shared,
+    )
     if not args.chaos:
         schedule = []
     warmup_s = max(10.0, duration_s * 0.1)
@@ -656,18 +499,27 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         try:
             for s in stacks:
+                if args.tracemalloc:
+                    for g in s.gateways:
+                        g.heap_dir = workdir / f"{g.name}-heap"
                 await s.start(http)
             t0 = time.monotonic()
             done = False
 
             seen: list[list[Outcome]] = [[] for _ in stacks]
+            gateways = [g for s in stacks for g in s.gateways]
 
             async def sampler() -> None:
-                last_report = 0.0
+                last_report = last_heap = 0.0
                 while not done:
                     now = time.monotonic() - t0
-                    for s in stacks:
-                        s.gateway.sample(now)
+                    for g in gateways:
+                        g.sample(now)
+                    await asyncio.gather(*(g.read_index(http, now) for g in gateways))
+                    if args.tracemalloc and (now - last_heap >= args.heap_every_s or last_heap == 0.0):
+                        last_heap = now
+                        for g in gateways:
+                            g.dump_heap(now)
                     if now - last_report >= 60:
                         last_report = now
                         lost = [sum(o.kind == "lost" for o in out) for out in seen]
@@ -698,13 +550,15 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             )
             await chaos_task
             wall_s = time.monotonic() - t0
-            for s in stacks:
-                s.gateway.sample(wall_s)
+            for g in gateways:
+                g.sample(wall_s)
+                g.dump_heap(wall_s)
             done = True
             await asyncio.gather(*bg)
-            await asyncio.sleep(1.0)  # the ledger writes without waiting
+            # the ledger writes without waiting (on PostgreSQL, after a cut, from a buffer)
+            await asyncio.sleep(1.0 if not args.postgres else 5.0)
             mismatches, unverifiable, examples = await check_ledger(http, chaos, key, tasks, runs[0])
-            rss, fds, lifetimes = _growth(chaos.gateway, warmup_s)
+            rss, fds, lifetimes = _growth_of(chaos.gateways, warmup_s)
             result = {
                 "minutes": round(duration_s / 60, 2),
                 "seed": args.seed,
@@ -717,12 +571,26 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 "ledger_mismatch_examples": examples,
                 "rss_growth_pct": rss,
                 "fd_growth": fds,
+                # from when the prefix index was full, in each lifetime long enough to say
+                "rss_growth_pct_after_index_full": max(
+                    (
+                        p["rss_growth_pct_after_index_full"]
+                        for p in lifetimes
+                        if p["rss_growth_pct_after_index_full"] is not None
+                    ),
+                    default=None,
+                ),
                 "gateway_lifetimes": lifetimes,
                 "emulator_restarts": sum(e.restarts for e in chaos.emulators),
             }
+            if args.replicas > 1 or args.redis or args.postgres:
+                result["stack"] = {
+                    **shape,
+                    "redis_restarts": chaos.redis.restarts if chaos.redis is not None else None,
+                }
             if calm is not None:
                 calm_summary = summarize(calm, runs[1], wall_s)
-                crss, cfds, _ = _growth(calm.gateway, warmup_s)
+                crss, cfds, clifetimes = _growth_of(calm.gateways, warmup_s)
                 calm_summary["ledger_mismatches"] = (await check_ledger(http, calm, key, tasks, runs[1]))[0]
                 result["fault_free"] = calm_summary
                 result["goodput_ratio_vs_fault_free"] = (
@@ -732,9 +600,19 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 # The fleet is the bottleneck by design: the gateway's CPU share says how far it is
                 # from its own limit at this load.
-                result["calm_gateway_cpu_pct"] = round(sum(calm.gateway.cpu_s) / wall_s * 100, 1)
+                result["calm_gateway_cpu_pct"] = round(
+                    sum(sum(g.cpu_s) for g in calm.gateways) / wall_s * 100, 1
+                )
                 result["calm_rss_growth_pct"] = crss
                 result["calm_fd_growth"] = cfds
+                result["calm_rss_growth_pct_after_index_full"] = max(
+                    (p["rss_growth_pct_after_index_full"] for p in clifetimes if p["index_full_at_s"]),
+                    default=None,
+                )
+                result["calm_gateway_lifetimes"] = clifetimes
+            if args.tracemalloc:
+                await asyncio.sleep(3.0)  # the last snapshots are being written
+                result["heap_growth"] = {g.name: g.heap_growth(warmup_s) for g in gateways}
             counts: dict[str, int] = {}
             for ev in schedule:
                 counts[ev.action] = counts.get(ev.action, 0) + 1
@@ -743,7 +621,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             result["workdir"] = str(workdir)
         finally:
             for s in stacks:
-                s.stop()
+                await s.stop()
     return result
 
 
@@ -757,12 +635,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instances", type=int, default=3)
     p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--step-ms", type=float, default=40.0)
+    p.add_argument("--kv-capacity-tokens", type=int, default=None, help="each emulated instance's KV cache")
     p.add_argument("--chaos-gap-s", type=float, default=20.0, help="mean seconds between faults")
+    p.add_argument("--replicas", type=int, default=1, help="gateway replicas (round robin between them)")
+    p.add_argument("--redis", action="store_true", help="replicas share a private redis-server")
+    p.add_argument("--postgres", action="store_true", help="the ledger on a fresh PostgreSQL database")
     p.add_argument("--no-chaos", dest="chaos", action="store_false")
     p.add_argument("--no-baseline", dest="baseline", action="store_false", help="skip the fault-free stack")
     p.add_argument("--client-timeout-s", type=float, default=90.0)
     p.add_argument("--sample-s", type=float, default=5.0)
     p.add_argument("--workdir", default=None)
+    p.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="trace the gateways' heaps; print what grew after the warm-up (slows the gateway)",
+    )
+    p.add_argument("--heap-every-s", type=float, default=120.0, help="seconds between heap snapshots")
     p.add_argument("--json", action="store_true")
     return p
 

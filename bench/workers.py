@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import re
@@ -33,7 +32,8 @@ from typing import Any
 
 import aiohttp
 import yaml
-from gateway_overhead import API_KEY, MODEL, _free_ports, _gateway_config, proc_cpu_s
+from _proc_cpu import cpu_s
+from gateway_overhead import API_KEY, MODEL, _free_ports, _gateway_config
 
 HERE = Path(__file__).resolve().parent
 BODY = json.dumps(
@@ -42,16 +42,8 @@ BODY = json.dumps(
 
 
 def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid`` and its direct children (the supervisor and its workers)."""
-    total = proc_cpu_s(pid)
-    try:
-        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        kids = []
-    for k in kids:
-        with contextlib.suppress(OSError):  # a worker that just exited
-            total += proc_cpu_s(int(k))
-    return total
+    """CPU seconds of ``pid`` and its descendants (the supervisor and its workers)."""
+    return cpu_s([pid], tree=True)
 
 
 async def drive(url: str, n: int, concurrency: int) -> tuple[int, float]:

@@ -11,6 +11,7 @@ edges covered), features (``ft``) and corpus size (``--json`` for JSON).
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import re
 import subprocess
@@ -45,7 +46,7 @@ def run(target: str, seconds: int, workdir: Path, max_len: int = 8192) -> dict[s
         ],
         capture_output=True,
     )
-    out = proc.stdout + proc.stderr
+    out = proc.stderr
     status = _STATUS.findall(out)
     done = _DONE.search(out)
     last = status[-1] if status else (b"0", b"0", b"0", b"0")
@@ -62,10 +63,13 @@ def run(target: str, seconds: int, workdir: Path, max_len: int = 8192) -> dict[s
         "artifact": artifact.group(1).decode() if artifact else None,
     }
     if proc.returncode != 0:
-        tail = out.decode("utf-8", "replace").splitlines()
-        result["log_tail"] = "\n".join(line for line in tail if not line.startswith("INFO: Instrumenting"))[
-            -4000:
-        ]
+        # atheris prints an uncaught exception's traceback on stdout and libFuzzer its report on
+        # stderr: both go in the tail, the traceback last, with the input that crashed.
+        report = proc.stderr.decode("utf-8", "replace").splitlines()
+        report = [line for line in report if not line.startswith("INFO: Instrumenting")]
+        result["log_tail"] = "\n".join(report)[-2500:] + "\n" + proc.stdout.decode("utf-8", "replace")[-3000:]
+        if artifact and Path(artifact.group(1).decode()).is_file():
+            result["input_base64"] = base64.b64encode(Path(artifact.group(1).decode()).read_bytes()).decode()
     return result
 
 
