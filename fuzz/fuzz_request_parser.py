@@ -60,13 +60,18 @@ async def _make_front() -> FastFront:
 FRONT = LOOP.run_until_complete(_make_front())
 
 
+def _closes(headers: list[tuple[str, str]]) -> bool:
+    """A close token in any Connection field (repeated fields are one list, RFC 9110 5.3)."""
+    values = (v for k, v in headers if k.lower() == "connection")
+    return any("close" in (t.strip() for t in v.lower().split(",")) for v in values)
+
+
 def check_against_aiohttp(head: bytes, parsed: tuple[str, str, list[tuple[str, str]], int]) -> None:
     _endpoint, path, headers, length = parsed
     if length > MAX_BODY:
         return
     body = bytes(range(256)) * (length // 256) + bytes(range(length % 256))
-    conn = [v for k, v in headers if k.lower() == "connection"]
-    close = bool(conn) and "close" in (t.strip() for t in conn[0].lower().split(","))
+    close = _closes(headers)
     tail = b"" if close else b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n"
     parser = HttpRequestParser(BaseProtocol(LOOP), LOOP, 2**16, max_line_size=8190, max_field_size=8190)
     try:
@@ -112,8 +117,7 @@ def model(data: bytes) -> tuple[list[bytes], bytes | None]:
             return bodies, None
         bodies.append(rest[end + 4 : end + 4 + length])
         pos += end + 4 + length
-        conn = [v for k, v in parsed[2] if k.lower() == "connection"]
-        if conn and "close" in (t.strip() for t in conn[0].lower().split(",")):
+        if _closes(parsed[2]):
             return bodies, None  # the front closes after answering; the rest is never read
     return bodies, None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import re
 import subprocess
 import sys
@@ -25,12 +26,24 @@ _STATUS = re.compile(rb"#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)")
 _DONE = re.compile(rb"Done (\d+) runs in (\d+) second")
 
 
-def run(target: str, seconds: int, workdir: Path, max_len: int = 8192) -> dict[str, object]:
+def run(
+    target: str,
+    seconds: int,
+    workdir: Path,
+    max_len: int = 8192,
+    seed: int | None = None,
+    runs: int | None = None,
+) -> dict[str, object]:
+    """``seed`` and ``runs`` make a run repeatable (CI's: the same inputs every time, so a red run is
+    a regression, not a new discovery; the long campaigns draw a fresh seed)."""
     harness = HERE / TARGETS[target]
     corpus = workdir / ".corpus" / target
     crashes = workdir / ".crashes"
     corpus.mkdir(parents=True, exist_ok=True)
     crashes.mkdir(parents=True, exist_ok=True)
+    repeat = [f"-seed={seed}"] if seed is not None else []
+    repeat += [f"-runs={runs}"] if runs is not None else []
+    env = dict(os.environ, PYTHONHASHSEED="0") if seed is not None else None
     started = time.monotonic()
     proc = subprocess.run(
         [
@@ -43,8 +56,10 @@ def run(target: str, seconds: int, workdir: Path, max_len: int = 8192) -> dict[s
             "-rss_limit_mb=2048",
             f"-artifact_prefix={crashes}/{target}-",
             "-print_final_stats=1",
+            *repeat,
         ],
         capture_output=True,
+        env=env,
     )
     out = proc.stderr
     status = _STATUS.findall(out)
@@ -79,9 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=int, default=600)
     p.add_argument("--workdir", type=Path, default=HERE, help="where .corpus/ and .crashes/ go")
     p.add_argument("--max-len", type=int, default=8192)
+    p.add_argument("--seed", type=int, help="libFuzzer's seed (and PYTHONHASHSEED=0): a repeatable run")
+    p.add_argument("--runs", type=int, help="stop after this many inputs (or --seconds, whichever first)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    result = run(a.target, a.seconds, a.workdir, a.max_len)
+    result = run(a.target, a.seconds, a.workdir, a.max_len, a.seed, a.runs)
     if a.json:
         print(json.dumps(result, indent=2))
     else:

@@ -212,6 +212,14 @@ CASES = [
     # a body that came in pieces, then a keep-alive connection idle past the header timeout: no 408
     Case("body-in-pieces-then-idle", (head(f"Content-Length: {N}"), 0.05, BODY, 0.6), (200,), False, 1),
     Case("http11-close", (req("Connection: close"),), (200,), True, 1),
+    # repeated Connection fields are one list: a close in the second closes (none served after it)
+    Case(
+        "close-in-second-field",
+        (req("Connection: keep-alive", "Connection: close"), 0.2, req()),
+        (200,),
+        True,
+        1,
+    ),
     Case("pipelined", (req() + req() + req(),), (200, 200, 200), False, 3),
     Case("pipelined-then-bad", (req() + b"GARBAGE\r\n\r\n",), (200, 400), True, 1, on_aiohttp=((400,), 0)),
     Case(

@@ -86,8 +86,12 @@ class FastRequest:
         self.body = body
         self.transport = transport
         self.extra_headers = extra_headers
-        conn = headers.get("Connection")
-        self.keep_alive = conn is None or "close" not in (t.strip() for t in conn.lower().split(","))
+        # Every Connection field counts (RFC 9110 7.6.1: repeated fields are one list), as aiohttp
+        # reads them: a close in the second one must close here too (fuzz_request_parser found it).
+        self.keep_alive = True
+        for conn in headers.getall("Connection", ()):
+            if "close" in (t.strip() for t in conn.lower().split(",")):
+                self.keep_alive = False
         self.started = False  # the answer's head has been written
         self.done = False  # and all of it
         self._values: dict[Any, Any] = {}
