@@ -53,6 +53,7 @@ COMPILED_MODULES = [
     "tokenplane/gateway/edges/fast_front.py",
     "tokenplane/gateway/edges/fast_request.py",
     "tokenplane/gateway/errors.py",
+    "tokenplane/gateway/header_memo.py",
     "tokenplane/gateway/lean_metrics.py",
     "tokenplane/gateway/path_metrics.py",
     "tokenplane/gateway/proxy.py",

@@ -115,7 +115,7 @@ def test_a_key_authenticates_exactly_when_its_digest_is_configured(keys: list[st
         assert not configured or not guess.strip()
     else:
         assert configured
-    held = repr((auth._by_digest, auth._memo, [(t.name, t.allowed_models) for t in auth.tenants]))
+    held = repr((auth._by_digest, auth._memo._entries, [(t.name, t.allowed_models) for t in auth.tenants]))
     assert not any(k in held for k in keys)  # digests only: no raw key is kept
 
 
@@ -161,7 +161,7 @@ def test_remembered_headers_answer_as_their_digests_do(
         except AuthenticationFailed:
             got = None
         assert got is _by_sha256(auth, header)
-    held = repr(auth._memo)
+    held = repr(auth._memo._entries)
     assert not any(k in held for k in keys)
 
 
@@ -175,7 +175,7 @@ def test_the_memo_is_bounded_and_keeps_no_failure() -> None:
     for i in range(50):
         with pytest.raises(AuthenticationFailed):
             auth.authenticate(f"Bearer {WRONG_KEY}{i}")
-    assert auth._memo == {}
+    assert len(auth._memo) == 0
 
 
 def test_a_revoked_key_is_refused_after_it_was_remembered() -> None:
@@ -193,9 +193,9 @@ def test_a_remembered_tag_needs_both_halves() -> None:
     salted hash does not is hashed afresh, and refused."""
     auth = _auth(["sk-a"])
     auth.authenticate("Bearer sk-a")
-    ((_tag, (check, tenant)),) = auth._memo.items()
+    ((_tag, (check, tenant)),) = auth._memo._entries.items()
     guess = f"Bearer {WRONG_KEY}"
-    auth._memo[hash(guess)] = (check, tenant)  # the first half forged
+    auth._memo._entries[hash(guess)] = (check, tenant)  # the first half forged
     with pytest.raises(AuthenticationFailed):
         auth.authenticate(guess)
 
@@ -212,14 +212,14 @@ def test_per_key_quota_ids_are_stable_digests_and_keep_no_raw_key(keys: list[str
     assert first == [hashlib.sha256(h.encode()).hexdigest()[:24] for h in headers]
     assert len(set(first)) == len(set(headers))
     assert len(ids) <= MAX_KEY_IDS
-    held = repr(ids._ids)
+    held = repr(ids._ids._entries)
     assert not any(f"sk-{k}" in held for k in keys)
 
 
 def test_a_forged_quota_tag_is_recomputed() -> None:
     ids = KeyIds()
     right = ids("Bearer sk-a")
-    ((_tag, (check, key_id)),) = ids._ids.items()
+    ((_tag, (check, key_id)),) = ids._ids._entries.items()
     guess = f"Bearer {WRONG_KEY}"
-    ids._ids[hash(guess)] = (check, key_id)  # the first half forged
+    ids._ids._entries[hash(guess)] = (check, key_id)  # the first half forged
     assert ids(guess) == hashlib.sha256(guess.encode()).hexdigest()[:24] != right

@@ -8,13 +8,10 @@ kept, not even of the keys that authenticated. A key can be revoked while the ga
 authentication is off and every caller is the ``default`` tenant.
 
 The SHA-256 is most of what authentication costs a request, and a client sends the same header on
-every request; so a header that authenticated is remembered, by a keyed digest only: two of
-Python's own string hashes (SipHash, keyed per process), of the header and of a random per-process
-salt followed by the header, 128 bits together. A lookup still compares digests only (which an
-attacker cannot steer byte by byte), a raw key is still never kept, and a guess has to match both
-halves of a remembered header's tag (a chance of about 2**-128 per entry). Only successes are
-remembered (guesses cannot crowd out callers), at most :data:`MEMO_SIZE` headers (then it starts
-over), and a revocation forgets them all.
+every request; so a header that authenticated is remembered in a
+:class:`~tokenplane.gateway.header_memo.HeaderMemo`, by a keyed 128-bit tag only: a lookup still
+compares digests only, and a raw key is still never kept. Only successes are remembered (guesses
+cannot crowd out callers), at most :data:`MEMO_SIZE` headers, and a revocation forgets them all.
 
 :meth:`Tenant.acquire` is a hard bound on the tenant's requests in flight (``max_concurrency``,
 refused at once with 429 and ``Retry-After``). Queueing, priorities and fair sharing between tenants
@@ -23,11 +20,11 @@ come after it, in :mod:`~tokenplane.gateway.admission` (the core admission queue
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from tokenplane.gateway.config import DEFAULT_TENANT, PRIORITY_VALUES, TenantConfig
 from tokenplane.gateway.errors import AuthenticationFailed, TenantConcurrencyExceeded
+from tokenplane.gateway.header_memo import HeaderMemo
 
 try:  # CPython's own SHA-256: hashlib's is OpenSSL's, which sets up an EVP context per call (~1,500
     # instructions more per request, measured under callgrind); the digest is the same
@@ -91,9 +88,7 @@ class Authenticator:
         self.enabled = bool(tenants)
         self.tenants: list[Tenant] = []
         self._by_digest: dict[str, Tenant] = {}
-        # hash(header) -> (hash(salt + header), its tenant): see the module docstring
-        self._memo: dict[int, tuple[int, Tenant]] = {}
-        self._salt = os.urandom(16).hex()
+        self._memo: HeaderMemo[Tenant] = HeaderMemo(MEMO_SIZE)  # headers that authenticated
         for t in tenants:
             tenant = Tenant(
                 t.name,
@@ -118,10 +113,9 @@ class Authenticator:
             raise AuthenticationFailed(
                 "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
             )
-        tag = hash(authorization)
-        known = self._memo.get(tag)
-        if known is not None and known[0] == hash(self._salt + authorization):
-            return known[1]
+        known = self._memo.get(authorization)
+        if known is not None:
+            return known
         if authorization.startswith("Bearer "):  # the usual spelling: no partition, no lower()
             key = authorization[7:].strip()
         else:
@@ -132,9 +126,7 @@ class Authenticator:
         tenant = self._by_digest.get(_sha256(key.encode("utf-8", "replace")).hexdigest())
         if tenant is None:
             raise AuthenticationFailed("invalid API key")
-        if len(self._memo) >= MEMO_SIZE:
-            self._memo.clear()
-        self._memo[tag] = (hash(self._salt + authorization), tenant)
+        self._memo.put(authorization, tenant)
         return tenant
 
     def revoke(self, tenant: Tenant, key_hash: str) -> bool:

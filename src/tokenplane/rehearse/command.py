@@ -1,6 +1,6 @@
 """``tokenplane rehearse SCENARIO``: the same run live and in the twin, side by side.
 
-The live side runs first: its calibration probe (:func:`tokenplane.rehearse.live.probe_path`,
+The live side runs first: its calibration probe (:func:`tokenplane.rehearse.probe.probe_path`,
 idle stack, before the workload) measures the request path's fixed cost, and the twin then runs
 with it as ``request_path.first_chunk_s`` (``path_s`` gives a figure instead and skips the probe).
 The twin also runs without it (``path.twin_without``), so the report shows what the path explains.

@@ -13,7 +13,6 @@ Interpreted on purpose (not in ``COMPILED_MODULES``): it is in the chain only wh
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 
@@ -21,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from tokenplane.gateway.config import TenantConfig
 from tokenplane.gateway.errors import TenantConcurrencyExceeded, TenantRateLimited
+from tokenplane.gateway.header_memo import HeaderMemo
 from tokenplane.gateway.stages.context import RequestContext
 from tokenplane.shared_state.quotas import WINDOW_S, LocalQuotas, QuotaDecision, QuotaReason, TenantQuota
 from tokenplane.shared_state.redis_backend import RedisState
@@ -47,26 +47,20 @@ def tenant_quotas(tenants: Sequence[TenantConfig], *, shared_concurrency: bool) 
 
 class KeyIds:
     """A stable id of the caller's API key (the same on every replica: a SHA-256 of the header),
-    remembered per header without keeping the header: as the authenticator's memo does
-    (:mod:`tokenplane.gateway.tenants`), by two of Python's keyed string hashes, of the header and
-    of a per-process salt followed by it. At most :data:`MAX_KEY_IDS` headers, then it starts over."""
+    remembered per header without keeping the header, in a
+    :class:`~tokenplane.gateway.header_memo.HeaderMemo` of at most :data:`MAX_KEY_IDS` headers. An
+    id is a digest of its header, so it never goes stale: nothing ever needs to clear the memo."""
 
-    __slots__ = ("_ids", "_salt")
+    __slots__ = ("_ids",)
 
     def __init__(self) -> None:
-        self._ids: dict[int, tuple[int, str]] = {}
-        self._salt = os.urandom(16).hex()
+        self._ids: HeaderMemo[str] = HeaderMemo(MAX_KEY_IDS)
 
     def __call__(self, authorization: str) -> str:
-        tag = hash(authorization)
-        check = hash(self._salt + authorization)
-        known = self._ids.get(tag)
-        if known is not None and known[0] == check:
-            return known[1]
-        if len(self._ids) >= MAX_KEY_IDS:
-            self._ids.clear()
-        key_id = hashlib.sha256(authorization.encode("utf-8", "replace")).hexdigest()[:24]
-        self._ids[tag] = (check, key_id)
+        key_id = self._ids.get(authorization)
+        if key_id is None:
+            key_id = hashlib.sha256(authorization.encode("utf-8", "replace")).hexdigest()[:24]
+            self._ids.put(authorization, key_id)
         return key_id
 
     def __len__(self) -> int:
