@@ -197,6 +197,7 @@ SCALERS: dict[str, dict[str, Any]] = {
             "window_from_cold_start": True,
             "latency_queues": True,
             "warm_slo_share": True,
+            "cancel_warming": True,
         },
     },
     "hpa": {
