@@ -44,7 +44,10 @@ false (``bench/autoscale_suite.py`` turns all on); :mod:`.policy` sizes the pool
   policy lets it (:func:`cancellable_warming`). A warming instance is cancelled when neither this
   decision nor the previous one asks for it (serving + warm), the mirror of the rule that buys a
   cold start only for a need two decisions long; never while the SLO fails under load (the SLO
-  term holds what its last step bought until that lands and is measured). A need that ends
+  term holds what its last step bought until that lands and is measured) unless the pool has
+  caught up by the leading measures (:func:`recovered`: KV under ``kv_high`` and the backlog's
+  wait by Little's law within the margin ``comfort_fraction`` leaves), since the windowed
+  attainment judges arrivals up to a window ago and lags the recovery. A need that ends
   before its cold start lands (a KV or SLO episode shorter than a cold start) then costs the
   decisions it lasted plus one, not a whole cold start stopped unused when it lands.
 """
@@ -88,3 +91,16 @@ def cancellable_warming(signal: PoolSignal, asked: int, *, previous: int | None,
     held = len(signal.serving) + len(signal.warm) + len(signal.warming)
     keep = max(asked, held if previous is None else previous)
     return max(0, min(len(signal.warming), held - keep))
+
+
+def recovered(signal: PoolSignal, spec: PoolSpec, p: TokenplaneParams) -> bool:
+    """The leading half of :func:`queue_within_slo`: the pool has caught up now, whatever the
+    windowed attainment (which judges arrivals up to a window ago) still says.
+
+    True when KV use is under ``kv_high`` and the wait the backlog implies (backlog / throughput,
+    Little's law) fits in ``(1 - comfort_fraction)`` of the TTFT SLO; False when either is unknown.
+    """
+    slo, served = spec.ttft_slo_s, signal.throughput_rps
+    if slo is None or served is None or served <= 0 or signal.mean_kv_usage >= p.kv_high:
+        return False
+    return signal.backlog / served <= (1.0 - p.comfort_fraction) * slo

@@ -89,7 +89,7 @@ from tokenplane.core.autoscale.base import AUTOSCALERS
 from tokenplane.core.autoscale.burst import BurstMemory, RiseSample, fall_sample, rise_sample
 from tokenplane.core.autoscale.capacity import DEFAULT_KV_SATURATED, CapacityEstimate
 from tokenplane.core.autoscale.decision import ActionKind, Needs, ScaleDecision, ScaleReason
-from tokenplane.core.autoscale.evidence import cancellable_warming, queue_within_slo
+from tokenplane.core.autoscale.evidence import cancellable_warming, queue_within_slo, recovered
 from tokenplane.core.autoscale.forecast import holt_forecast
 from tokenplane.core.autoscale.plan import plan_actions
 from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec
@@ -479,7 +479,8 @@ class TokenplaneScaler:
         cancel = 0
         if p.cancel_warming:  # see :mod:`.evidence`
             asked, previous = target + target_warm, self._state.last_asked
-            cancel = cancellable_warming(signal, asked, previous=previous, slo_failing=slo_hold > 0)
+            failing = slo_hold > 0 and not recovered(signal, spec, p)
+            cancel = cancellable_warming(signal, asked, previous=previous, slo_failing=failing)
         actions = plan_actions(
             signal,
             spec,
