@@ -19,7 +19,16 @@ from tokenplane.control import (
     LoopMetrics,
     SignalSample,
 )
-from tokenplane.core.autoscale import PoolSpec, TokenplaneParams, TokenplaneScaler
+from tokenplane.core.autoscale import (
+    ActionKind,
+    PoolSignal,
+    PoolSpec,
+    ScaleAction,
+    ScaleDecision,
+    ScaleReason,
+    TokenplaneParams,
+    TokenplaneScaler,
+)
 
 WARMUP_S = 3.0
 CAPACITY_RPS = 10.0
@@ -306,3 +315,61 @@ def test_the_signal_carries_every_measure_of_the_sample() -> None:
     assert signal.now == 5.0
     for field in PoolMeasures.__struct_fields__:
         assert getattr(signal, field) == getattr(sample, field), field
+
+
+class Scripted:
+    """An autoscaler that returns scripted actions, one list per step (the core's protocol)."""
+
+    name = "scripted"
+
+    def __init__(self, script: list[tuple[ScaleAction, ...]]) -> None:
+        self.script = script
+        self.seen: list[PoolSignal] = []
+
+    @property
+    def state(self) -> None:
+        return None
+
+    def observe(self, signal: PoolSignal, spec: PoolSpec) -> None:
+        self.seen.append(signal)
+
+    def decide(self, signal: PoolSignal, spec: PoolSpec, *, now: float) -> ScaleDecision:
+        actions = self.script.pop(0) if self.script else ()
+        return ScaleDecision(
+            target_serving=len(signal.serving),
+            target_warm=0,
+            reason=ScaleReason.STEADY,
+            actions=actions or (ScaleAction(ActionKind.NOOP),),
+        )
+
+    def commit(self, decision: ScaleDecision, *, now: float) -> None:
+        pass
+
+
+def test_cancel_warming_stops_the_newest_starting_instances_as_the_twin_does() -> None:
+    """One core, two shells: CANCEL_WARMING stops warming instances, newest first, at once (never
+    registered with the gateway, so nothing to drain); the older one lands and is served."""
+    clock = Clock()
+    act = FakeActuator(clock, warmup_s=10.0)
+    reg = Registry("m")
+    spec = PoolSpec(max_instances=6, min_instances=0, capacity_rps=CAPACITY_RPS, cold_start_s=10.0)
+    scaler = Scripted(
+        [
+            (ScaleAction(ActionKind.START_COLD, 1),),
+            (ScaleAction(ActionKind.START_COLD, 1),),
+            (ScaleAction(ActionKind.CANCEL_WARMING, 1),),
+        ]
+    )
+    loop = ControlLoop(
+        scaler, spec, act, Demand(reg, 1.0), registry=reg, interval_s=1.0, clock=clock, pool="m"
+    )
+
+    async def body() -> list[LoopEvent]:
+        return await _run(loop, clock, 3)
+
+    events = asyncio.run(body())
+    assert _done(events, "cancel_warming") == ["i2"]
+    assert act.stopped == [(3.0, "i2")]  # stopped at the decision: no longer costs
+    assert loop.phases() == {"i1": "warming"}
+    assert "i2" not in reg.urls and not [op for op in reg.ops if op[1] == "i2"]
+    assert scaler.seen[-1].warming == ("i1", "i2")  # both were warming when the cancel was decided

@@ -19,7 +19,9 @@ Each :meth:`ControlLoop.step`:
    * ``DRAIN`` / ``DRAIN_TO_WARM``: ``registry.drain(id)``; *draining* until empty (step 2). A
      count-only instance has no gateway entry: DRAIN stops it at once (the platform drains it),
      DRAIN_TO_WARM parks it;
-   * ``STOP_WARM``: the newest warm instances are stopped.
+   * ``STOP_WARM``: the newest warm instances are stopped;
+   * ``CANCEL_WARMING``: the newest warming instances are stopped while still starting (as the
+     twin cancels them: never registered with the gateway, so nothing to drain).
 
 5. ``scaler.commit`` (not in dry-run: a dry run decides exactly as the live loop would and changes
    nothing, including the scaler's cooldown clocks).
@@ -367,6 +369,14 @@ class ControlLoop:
                 )[: action.count]
                 if warm and await self._stop(warm):
                     ids = [m.id for m in warm]
+            elif kind is ActionKind.CANCEL_WARMING:
+                starting = sorted(
+                    (m for m in self._members.values() if m.phase is Phase.WARMING and m.owned),
+                    key=lambda m: m.since,
+                    reverse=True,
+                )[: action.count]
+                if starting and await self._stop(starting):
+                    ids = [m.id for m in starting]
             elif kind in (ActionKind.DRAIN, ActionKind.DRAIN_TO_WARM):
                 park = kind is ActionKind.DRAIN_TO_WARM
                 direct: list[_Member] = []

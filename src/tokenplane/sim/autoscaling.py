@@ -40,7 +40,8 @@ Signal, per decision at ``now``:
   decision (what the HPA baseline scales on).
 
 Actions: ``ACTIVATE_WARM`` takes the lowest-numbered warm instances, ``START_COLD`` the
-lowest-numbered stopped ones, ``STOP_WARM`` the highest-numbered warm ones, ``DRAIN`` and
+lowest-numbered stopped ones, ``STOP_WARM`` the highest-numbered warm ones, ``CANCEL_WARMING``
+the most recently started warming ones (stopped at once, see :mod:`tokenplane.sim.lifecycle`), ``DRAIN`` and
 ``DRAIN_TO_WARM`` the ids named. One pool: a heterogeneous fleet is scaled as one pool (its
 capacity prior is per instance, whatever the GPU).
 
@@ -261,6 +262,10 @@ class AutoscalingShell:
                 chosen = lc.ids_in(WARM)[::-1][: action.count]
                 for i in chosen:
                     lc.stop_warm(i, now)
+            elif kind is ActionKind.CANCEL_WARMING:
+                chosen = lc.warming_newest_first()[: action.count]
+                for i in chosen:
+                    lc.cancel_warming(i, now)
             else:  # DRAIN / DRAIN_TO_WARM
                 park = kind is ActionKind.DRAIN_TO_WARM
                 chosen = [lc.index[iid] for iid in action.instance_ids if iid in lc.index]

@@ -3,7 +3,8 @@
 States and transitions (times from the instance's group, see :class:`Timings`)::
 
     stopped ──start_cold──▶ warming ──(cold_start_s)──▶ warm ──activate──▶ activating
-       ▲                                                 │  ▲                   │ (warm_activation_s)
+       ▲  ▲                                              │  ▲                   │ (warm_activation_s)
+       │  └──cancel_warming (at once: no work, no drain)─ warming                 │
        └───────────────stop_warm─────────────────────────┘  │                   ▼
        └──────────────drain (after in-flight work)── draining ◀──drain──── serving
                                                             └─park: back to warm ┘
@@ -12,6 +13,10 @@ Only ``serving`` instances are ready (router candidates); every other state sets
 ``ready = False``, so a request can never reach an instance whose weights are not loaded.
 ``weights`` in the instance's view is ``warm`` (serving, activating, warm, draining), ``warming``
 (cold start in progress) or ``cold`` (stopped).
+
+A warming instance can be cancelled (as a platform deletes a pod that is still starting): it
+never was ready, so it has nothing in flight, and it stops holding a GPU at the cancel; its pending
+landing is void.
 
 GPU cost: every state but ``stopped`` holds a GPU. :meth:`Lifecycle.held_s` integrates that per
 instance; the runner writes it into ``InstanceRecord.alive_s``, so ``gpu_hours`` and the cost in
@@ -146,6 +151,17 @@ class Lifecycle:
             raise ValueError(f"{self.engines[i].id}: cold start from {self.state[i]}")
         self._set(i, WARMING, now)
         self.loop.schedule(now + self.timings[i].cold_start_s, self._landed, (i, self._version[i]))
+
+    def cancel_warming(self, i: int, now: float) -> None:
+        """Stop ``i`` while it is still warming: it stops holding a GPU now and never lands."""
+        if self.state[i] != WARMING:
+            raise ValueError(f"{self.engines[i].id}: cancel from {self.state[i]}")
+        self._set(i, STOPPED, now)  # bumps the version: the scheduled landing is void
+
+    def warming_newest_first(self) -> list[int]:
+        """Warming instances, most recently started first (the least of a cold start lost)."""
+        ids = self.ids_in(WARMING)
+        return sorted(ids, key=lambda i: (-(self._held_since[i] or 0.0), -i))
 
     def _landed(self, now: float, arg: tuple[int, int]) -> None:
         i, version = arg

@@ -31,6 +31,7 @@ EVIDENCE = TokenplaneParams(
     trust_latency=True,
     latency_queues=True,
     warm_slo_share=True,
+    cancel_warming=True,
 )
 
 fractions = st.floats(0.0, 1.0, allow_nan=False)
@@ -114,6 +115,8 @@ def check(decision: ScaleDecision, signal: PoolSignal, spec: PoolSpec) -> None:
     kinds = {a.kind for a in decision.actions}
     assert not (ActionKind.ACTIVATE_WARM in kinds and drained)  # never both directions at once
     assert not (ActionKind.START_COLD in kinds and ActionKind.STOP_WARM in kinds)
+    assert 0 <= decision.warming_cancelled <= len(signal.warming)
+    assert not (ActionKind.START_COLD in kinds and ActionKind.CANCEL_WARMING in kinds)
 
 
 @settings(max_examples=300, deadline=None)

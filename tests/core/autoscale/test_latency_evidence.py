@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenplane.core.autoscale import PoolSignal, PoolSpec, ScaleReason, TokenplaneParams, TokenplaneScaler
-from tokenplane.core.autoscale.policy import queue_within_slo
+from tokenplane.core.autoscale.evidence import queue_within_slo
 from tokenplane.core.views import InstanceView
 
 BUCKET = 15.0

@@ -38,6 +38,7 @@ class ActionKind(StrEnum):
     DRAIN = "drain"  # stop routing to `instance_ids`; stop each once its in-flight work is done
     DRAIN_TO_WARM = "drain_to_warm"  # as DRAIN, but park each in the warm pool instead of stopping
     STOP_WARM = "stop_warm"  # stop `count` idle warm instances (nothing in flight there)
+    CANCEL_WARMING = "cancel_warming"  # stop `count` instances still warming (newest first): no drain
     NOOP = "noop"
 
 
@@ -96,3 +97,7 @@ class ScaleDecision(msgspec.Struct, frozen=True):
     @property
     def warm_stopped(self) -> int:
         return sum(a.count for a in self.actions if a.kind is ActionKind.STOP_WARM)
+
+    @property
+    def warming_cancelled(self) -> int:
+        return sum(a.count for a in self.actions if a.kind is ActionKind.CANCEL_WARMING)

@@ -8,7 +8,12 @@ Order of preference, cheapest first:
    the choice is deterministic); while the warm pool is below its target, drained instances are
    parked there (``DRAIN_TO_WARM``) instead of stopped, which saves a cold start later.
 3. Warm pool: cold-start the shortfall of (target_warm + serving gap) against warm + warming +
-   parked; stop idle warm instances beyond it (never warming ones: they are stopped once warm).
+   parked; beyond it, cancel instances still warming first (up to ``cancel_warming``, which the
+   policy sets: they stop costing at once and hold nothing in flight, and a ready warm instance is
+   worth more than one still loading), then stop idle warm ones. With ``cancel_warming`` 0 (the
+   default, as for HPA) warming instances are left to land and are stopped then if unwanted.
+   Cancellable warming instances do not count against parking drained ones: a drained instance
+   parks (ready in seconds) and the warming one it replaces is cancelled.
 
 Cold starts never take the total (serving + warm + warming + draining) past ``max_instances``,
 nor number more than ``max_cold_starts`` when the caller gives one.
@@ -29,12 +34,14 @@ def plan_actions(
     target_warm: int,
     park_drained: bool = True,
     max_cold_starts: int | None = None,
+    cancel_warming: int = 0,
 ) -> tuple[ScaleAction, ...]:
     serving = len(signal.serving)
     warm = len(signal.warm)
     warming = len(signal.warming)
     actions: list[ScaleAction] = []
 
+    cancellable = min(warming, max(0, cancel_warming))
     short = 0
     parked = 0
     if target_serving > serving:
@@ -46,7 +53,8 @@ def plan_actions(
     elif target_serving < serving:
         victims = sorted(signal.serving, key=lambda v: (v.running + v.waiting, v.instance_id))
         ids = tuple(v.instance_id for v in victims[: serving - target_serving])
-        parked = min(len(ids), max(0, target_warm - warm - warming)) if park_drained else 0
+        kept = warming - cancellable  # warming instances that will land: the warm pool's supply
+        parked = min(len(ids), max(0, target_warm - warm - kept)) if park_drained else 0
         if parked:
             actions.append(ScaleAction(ActionKind.DRAIN_TO_WARM, parked, ids[:parked]))
         if len(ids) > parked:
@@ -62,7 +70,10 @@ def plan_actions(
         if cold:
             actions.append(ScaleAction(ActionKind.START_COLD, cold))
     elif supply > needed:
-        stop = min(supply - needed, warm)
+        cancel = min(supply - needed, cancellable)
+        if cancel:
+            actions.append(ScaleAction(ActionKind.CANCEL_WARMING, cancel))
+        stop = min(supply - needed - cancel, warm)
         if stop:
             actions.append(ScaleAction(ActionKind.STOP_WARM, stop))
     return tuple(actions) or (NOOP_ACTION,)

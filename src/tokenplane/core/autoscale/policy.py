@@ -64,43 +64,9 @@ true, ``burst_half_life_s`` (2 × ``stabilisation_s``), ``park_drained`` true; t
 above (false). Parsing and checks: :mod:`tokenplane_params`.
 
 Evidence rules (params, default false; ``bench/autoscale_suite.py`` turns all on):
-
-* ``symmetric_bursts``: a fall of the arrival rate counts as a rise read backwards
-  (:func:`burst.fall_sample`; on-off and Markov-modulated sources are time-reversible), so a pool
-  that starts inside a burst learns the burst when it ends; burst sizing then starts from the last
-  minute's mean (at least one request per bucket), the level the samples were measured from.
-* ``capacity_lower_bounds``: a rate served without saturating is a lower bound on capacity; the
-  estimate jumps to it instead of averaging it with the prior.
-* ``trust_latency``: with no saturated window yet (the estimate is a prior or a lower bound) and
-  the pool comfortable (TTFT p90 under ``comfort_fraction`` of the SLO, attainment met, no queue,
-  KV under ``kv_high``), the demand term does not add serving instances and the warm pool is sized
-  from measured cold-start rises only; a backlog under one request per instance is not a queue.
-* ``queue_buffer``: the TTFT budget ``S`` absorbs part of a rise: over a horizon ``H`` capacity
-  ``c`` serves a peak ``r`` when ``c >= r·H/(H + S)`` (never below the current level); the same for
-  the cold-start rises that alone size the warm pool while ``trust_latency`` holds the demand term.
-* ``window_from_cold_start``: stabilisation window and cooldown both equal one cold start plus a
-  decision interval (released capacity takes that long to return), and no shrink happens before one
-  such span has been observed. A cold start is bought only for serving + warm that the previous
-  decision asked for too (before the first decision: the initial pool); a need shorter than a
-  decision interval is gone long before the instance lands. Warm activations are not held back.
-* ``latency_queues``: a backlog is judged by the latency it causes (:func:`queue_within_slo`:
-  TTFT p90 within ``comfort_fraction`` of the SLO, attainment met, and the wait it implies by
-  Little's law, backlog / throughput, within the rest of the SLO). Such a backlog is neither a
-  saturated window (capacity learns only a lower bound from it, and it sets no ceiling) nor a
-  queue to drain. Without the ceiling such queues used to set, the probe can raise the estimate
-  past anything measured, so the pool does not shrink below the remembered bursts' peak
-  (``peak(slo_target)`` of the activation-horizon memory, buffered like the rest) at the rate
-  served comfortably: a shed instance is verified only when a burst returns, a cold start late.
-  And while the pool is comfortable on an estimate with no ceiling (the ``trust_latency``
-  conditions), the warm pool is sized from the measured cold-start rises alone even when the
-  demand term needs no hold: the forecast's trend over a cold start extrapolates a burst's onset
-  step far past the burst, and a cold start bought for it is stopped unused when it lands. A
-  ceiling below the most served comfortably (``safe_rps``) is refuted and counts as none.
-* ``warm_slo_share``: the SLO asks that ``slo_target`` of requests meet it, not all. While the
-  measured TTFT/TBT attainment meets it (and TTFT p90 is within the SLO), the warm pool is sized
-  for ``slo_target`` of the peak forecast within a cold start (already an upper bound: peak plus
-  margin); a peak that the serving pool misses by less than the SLO's slack buys no cold start,
-  which otherwise lands after the peak and is stopped unused. Serving targets are unchanged.
+``symmetric_bursts``, ``capacity_lower_bounds``, ``trust_latency``, ``queue_buffer``,
+``window_from_cold_start``, ``latency_queues``, ``warm_slo_share`` and ``cancel_warming``, each a
+rule read from what the pool measures; they are described in :mod:`.evidence`.
 
 Cost: two O(history) forecast passes and one pass over the serving instances per decision.
 
@@ -123,6 +89,7 @@ from tokenplane.core.autoscale.base import AUTOSCALERS
 from tokenplane.core.autoscale.burst import BurstMemory, RiseSample, fall_sample, rise_sample
 from tokenplane.core.autoscale.capacity import DEFAULT_KV_SATURATED, CapacityEstimate
 from tokenplane.core.autoscale.decision import ActionKind, Needs, ScaleDecision, ScaleReason
+from tokenplane.core.autoscale.evidence import cancellable_warming, queue_within_slo, recovered
 from tokenplane.core.autoscale.forecast import holt_forecast
 from tokenplane.core.autoscale.plan import plan_actions
 from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec
@@ -148,27 +115,6 @@ class ScalerState(msgspec.Struct, frozen=True):
 
 def _ceil(x: float) -> int:
     return max(0, math.ceil(x - _EPS)) if math.isfinite(x) else 1 << 30
-
-
-def queue_within_slo(signal: PoolSignal, spec: PoolSpec, p: TokenplaneParams) -> bool:
-    """The ``latency_queues`` test: is the pool's backlog one it serves within the TTFT SLO?
-
-    True when the measured TTFT p90 (queueing included) is at most ``comfort_fraction`` of the SLO,
-    TTFT attainment meets ``slo_target``, and the wait the backlog implies now (Little's law:
-    backlog / throughput) fits in the margin the comfort threshold leaves, ``(1 -
-    comfort_fraction)`` of the SLO: a leading check, since the measured p90 lags by one SLO plus
-    its window. Such a backlog is the batch turning over (a continuous-batching engine always has a
-    few requests between steps), not a pool at its limit. False (the queue counts) whenever either
-    is unknown.
-    """
-    slo, p90, served = spec.ttft_slo_s, signal.ttft_p90_s, signal.throughput_rps
-    if slo is None or p90 is None or served is None or served <= 0:
-        return False
-    if p90 > p.comfort_fraction * slo:
-        return False
-    if signal.ttft_attainment is not None and signal.ttft_attainment < p.slo_target:
-        return False
-    return signal.backlog / served <= (1.0 - p.comfort_fraction) * slo
 
 
 class TokenplaneScaler:
@@ -530,6 +476,11 @@ class TokenplaneScaler:
             prev = self._state.last_asked
             # Before the first decision, what is held is what was asked for (the initial pool).
             max_cold = min(target + target_warm, held_now if prev is None else prev) - held_now
+        cancel = 0
+        if p.cancel_warming:  # see :mod:`.evidence`
+            asked, previous = target + target_warm, self._state.last_asked
+            failing = slo_hold > 0 and not recovered(signal, spec, p)
+            cancel = cancellable_warming(signal, asked, previous=previous, slo_failing=failing)
         actions = plan_actions(
             signal,
             spec,
@@ -537,9 +488,11 @@ class TokenplaneScaler:
             target_warm=target_warm,
             park_drained=p.park_drained,
             max_cold_starts=max_cold,
+            cancel_warming=cancel,
         )
         if reason is ScaleReason.STEADY and any(
-            a.kind in (ActionKind.START_COLD, ActionKind.STOP_WARM) for a in actions
+            a.kind in (ActionKind.START_COLD, ActionKind.STOP_WARM, ActionKind.CANCEL_WARMING)
+            for a in actions
         ):
             if provision - target > spec.warm_pool_size:
                 reason, note = (

@@ -46,6 +46,7 @@ class TokenplaneParams(msgspec.Struct, frozen=True):
     trust_latency: bool = False
     latency_queues: bool = False
     warm_slo_share: bool = False
+    cancel_warming: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.target_utilisation <= 1:
@@ -109,6 +110,7 @@ BOOL_PARAMS = (
     "trust_latency",
     "latency_queues",
     "warm_slo_share",
+    "cancel_warming",
 )
 
 
