@@ -33,6 +33,7 @@ import json
 import logging
 import random
 import re
+from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -48,10 +49,11 @@ GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 
 
 class Encoded(Protocol):
-    """One encoding: its ids, and where an added token's text lies in the input."""
+    """One encoding: its ids (a ``list``, or an ``array('i')`` from tiktoken), and where an added
+    token's text lies in the input."""
 
     @property
-    def ids(self) -> list[int]: ...
+    def ids(self) -> Sequence[int]: ...
 
     def token_to_chars(self, token_index: int) -> tuple[int, int] | None: ...
 
@@ -93,7 +95,9 @@ class _Pieces:
 
     __slots__ = ("_added_ids", "_spans", "_split", "_text", "ids")
 
-    def __init__(self, ids: list[int], text: str, split: re.Pattern[str], added_ids: frozenset[int]) -> None:
+    def __init__(
+        self, ids: Sequence[int], text: str, split: re.Pattern[str], added_ids: frozenset[int]
+    ) -> None:
         self.ids = ids
         self._text = text
         self._split = split
@@ -115,10 +119,41 @@ class _Pieces:
         return spans[len(spans) - 1 - after]
 
 
+_WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+"""Unicode's White_Space, which ``\\s`` is in tiktoken's regex engine (not Python's ``\\s``: that
+one also takes U+001C..U+001F)."""
+_LOOKAHEAD_TAIL = r"|\s+(?!\S)|\s+"
+_WIDE_GAP = re.compile(f"[{_WS}]{{2,}}[^{_WS}]")
+"""Where ``\\s+(?!\\S)`` and ``\\s+`` part: two or more white spaces before a non-space."""
+assert array("i").itemsize == 4  # tiktoken's buffer is u32, read as int32 (ids < 2**31)
+
+
+def plain_pattern(pattern: str) -> str | None:
+    """``pattern`` less its lookahead, where that changes no split of a text without a wide gap.
+
+    A pattern ``X|\\s+(?!\\S)|\\s+`` (GPT-2's, Llama 3's, Qwen 2's) with no lookaround in ``X``:
+    at a position where ``X`` fails and a white space starts a run of them, ``\\s+(?!\\S)`` takes
+    the run less its last character where the run is followed by a non-space, else the whole run,
+    as ``\\s+`` does; they differ only where that rest of the run is two or more characters long
+    before a non-space, which a text with no :data:`_WIDE_GAP` has nowhere. ``X|\\s+`` has no
+    lookaround, so tiktoken's regex engine runs it as one automaton instead of its backtracking
+    VM (which was ~80 % of an encode's instructions). ``None``: not of that form."""
+    if not pattern.endswith(_LOOKAHEAD_TAIL):
+        return None
+    head = pattern[: -len(_LOOKAHEAD_TAIL)]
+    if any(look in head for look in ("(?=", "(?!", "(?<")):
+        return None
+    return head + r"|\s+"
+
+
 class TiktokenEncoder:
     """tiktoken, with the added tokens as its special tokens: it splits them out first, leftmost,
     as ``tokenizers`` does; leftmost-first is leftmost-longest because no added token is a prefix
-    of another (else :func:`build_tiktoken` refuses)."""
+    of another (else :func:`build_tiktoken` refuses).
+
+    ``plain``: the same encoding with :func:`plain_pattern`'s pattern, used for a text without a
+    :data:`_WIDE_GAP` (the same ids, checked on the probe too); its ids come as one buffer, read
+    into an ``array('i')`` without a Python int per id."""
 
     name = "tiktoken"
 
@@ -128,8 +163,10 @@ class TiktokenEncoder:
         added: Mapping[str, int],
         prefix: Sequence[int] = (),
         suffix: Sequence[int] = (),
+        plain: Any = None,
     ) -> None:
-        self._encode = encoding.encode
+        self._encoding = encoding
+        self._plain = plain
         self._added = frozenset(added)
         self._added_ids = frozenset(added.values())
         alternatives = sorted(added, key=len, reverse=True)
@@ -137,15 +174,23 @@ class TiktokenEncoder:
         self._prefix = list(prefix)
         self._suffix = list(suffix)
 
+    def _ids(self, text: str) -> Sequence[int]:
+        plain = self._plain
+        if plain is not None and _WIDE_GAP.search(text) is None:
+            out = array("i")
+            try:
+                out.frombytes(memoryview(plain._core_bpe.encode_to_tiktoken_buffer(text, self._added)).cast("B"))
+            except UnicodeEncodeError:  # lone surrogates: tiktoken's own fix-up (Encoding.encode)
+                return self._encoding.encode(text, allowed_special=self._added, disallowed_special=())  # type: ignore[no-any-return]
+            return out
+        return self._encoding.encode(text, allowed_special=self._added, disallowed_special=())  # type: ignore[no-any-return]
+
     def encode(self, text: str) -> Encoded:
-        ids: list[int] = self._encode(text, allowed_special=self._added, disallowed_special=())
-        return _Pieces(ids, text, self._split, self._added_ids)
+        return _Pieces(self._ids(text), text, self._split, self._added_ids)
 
     def encode_text(self, text: str) -> list[int]:
-        ids = self.encode(text).ids
-        if self._prefix or self._suffix:
-            return [*self._prefix, *ids, *self._suffix]
-        return ids
+        ids = self._ids(text)
+        return [*self._prefix, *ids, *self._suffix]
 
 
 # -- building a tiktoken Encoding from tokenizer.json ---------------------------------------------
@@ -302,8 +347,17 @@ def build_tiktoken(hf: Tokenizer, spec: Mapping[str, Any]) -> TiktokenEncoder:
         )
     except Exception as exc:  # tiktoken's regex engine refused the pattern
         raise NotExact(f"tiktoken refused the tokenizer: {exc}") from None
+    plain: Any = None
+    plain_pat = plain_pattern(pattern)
+    if plain_pat is not None:
+        try:
+            plain = tiktoken.Encoding(
+                "tokenplane-plain", pat_str=plain_pat, mergeable_ranks=ranks, special_tokens=added
+            )
+        except Exception:  # (refused: the lookahead's pattern alone then)
+            plain = None
     prefix, suffix = _specials_around(hf)
-    encoder = TiktokenEncoder(encoding, added, prefix, suffix)
+    encoder = TiktokenEncoder(encoding, added, prefix, suffix, plain)
     check_exact(hf, encoder, encoding, spec, added)
     return encoder
 
@@ -362,7 +416,7 @@ def check_exact(hf: Tokenizer, encoder: TiktokenEncoder, encoding: Any, spec: Ma
     without special tokens) and for every vocabulary entry as one pre-token."""
     for text in _probe_texts(added):
         want = hf.encode(text, add_special_tokens=False).ids
-        if encoder.encode(text).ids != want:
+        if list(encoder.encode(text).ids) != want:
             raise NotExact(f"ids differ from tokenizers' on the probe {text[:40]!r}")
         if encoder.encode_text(text) != hf.encode(text, add_special_tokens=True).ids:
             raise NotExact(f"ids with special tokens differ from tokenizers' on the probe {text[:40]!r}")

@@ -265,12 +265,13 @@ class LocalTokenizer:
                 if span is not None and span[1] <= bound:
                     break
             cut -= 1
+        # (tiktoken's ids come as an ``array('i')``: joined by memcpy, no Python int per id)
         if base is not None:
             out = array("i", base.ids)
-            out.extend(new[skip:])
+            out.extend(new[skip:] if type(new) is array else array("i", new[skip:]))
             blocks = TokenBlocks(out, base.keys, len(base.ids))
         else:
-            out = array("i", new)
+            out = new if type(new) is array else array("i", new)
             blocks = TokenBlocks(out)
         entry: CachedPrefix | None = None
         if cut >= skip and span is not None:
