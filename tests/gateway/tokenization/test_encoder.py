@@ -16,14 +16,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 
 from tokenplane.gateway.errors import ConfigError
 from tokenplane.gateway.tokenization import LocalTokenizer, TokenizerConfig
-from tokenplane.gateway.tokenization.encoder import (
-    _WIDE_GAP,
-    GPT2_PATTERN,
-    PROBE,
-    TiktokenEncoder,
-    may_have_wide_gap,
-    plain_pattern,
-)
+from tokenplane.gateway.tokenization.encoder import GPT2_PATTERN, PROBE, TiktokenEncoder
+from tokenplane.gateway.tokenization.plain import _WIDE_GAP, may_have_wide_gap, plain_pattern
 
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"

@@ -22,6 +22,10 @@ the reason is recorded and ``tokenizers`` encodes:
   tokens embedded, and seeded random strings over all of these), and every vocabulary entry on its
   own, give identical ids through both. A mismatch anywhere keeps ``tokenizers``.
 
+Where a text has no run of two or more white spaces before a non-space (most chat text), tiktoken
+runs the pattern without its final lookahead (:mod:`.plain`: the same pieces, several times fewer
+instructions); the probe check covers both.
+
 Special tokens a text prompt gets (``add_special_tokens``, the post-processor's BOS) are taken
 from what ``tokenizers`` adds around two probes; the probe check covers them too.
 """
@@ -40,7 +44,10 @@ from typing import Any, Literal, Protocol
 
 from tokenizers import Tokenizer
 
+from tokenplane.gateway.tokenization.plain import may_have_wide_gap, plain_pattern
+
 log = logging.getLogger(__name__)
+assert array("i").itemsize == 4  # tiktoken's buffer is u32, read as int32 (ids < 2**31)
 
 EncoderChoice = Literal["auto", "tiktoken", "hf"]
 
@@ -117,54 +124,6 @@ class _Pieces:
             if ids[i] in added:
                 after += 1
         return spans[len(spans) - 1 - after]
-
-
-_WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-"""Unicode's White_Space, which ``\\s`` is in tiktoken's regex engine (not Python's ``\\s``: that
-one also takes U+001C..U+001F)."""
-_LOOKAHEAD_TAIL = r"|\s+(?!\S)|\s+"
-_WIDE_GAP = re.compile(f"[{_WS}]{{2,}}[^{_WS}]")
-"""Where ``\\s+(?!\\S)`` and ``\\s+`` part: two or more white spaces before a non-space."""
-_ASCII_WS = frozenset("\t\n\x0b\x0c\r ")
-assert array("i").itemsize == 4  # tiktoken's buffer is u32, read as int32 (ids < 2**31)
-
-
-def may_have_wide_gap(text: str) -> bool:
-    """Whether ``text`` may have a :data:`_WIDE_GAP`: an ASCII text where two white spaces touch
-    (a superset: a run at the very end counts too), else the regex's answer. For an ASCII text
-    this is a substring search and a look at each tab, newline, carriage return, vertical tab
-    and form feed (few in chat text) instead of the regex's attempt at every space (~200
-    instructions a character)."""
-    if not text.isascii():
-        return _WIDE_GAP.search(text) is not None
-    if "  " in text:
-        return True
-    ws = _ASCII_WS
-    for c in "\t\n\x0b\x0c\r":
-        i = text.find(c)
-        while i >= 0:
-            if (i and text[i - 1] in ws) or text[i + 1 : i + 2] in ws:
-                return True
-            i = text.find(c, i + 1)
-    return False
-
-
-def plain_pattern(pattern: str) -> str | None:
-    """``pattern`` less its lookahead, where that changes no split of a text without a wide gap.
-
-    A pattern ``X|\\s+(?!\\S)|\\s+`` (GPT-2's, Llama 3's, Qwen 2's) with no lookaround in ``X``:
-    at a position where ``X`` fails and a white space starts a run of them, ``\\s+(?!\\S)`` takes
-    the run less its last character where the run is followed by a non-space, else the whole run,
-    as ``\\s+`` does; they differ only where that rest of the run is two or more characters long
-    before a non-space, which a text with no :data:`_WIDE_GAP` has nowhere. ``X|\\s+`` has no
-    lookaround, so tiktoken's regex engine runs it as one automaton instead of its backtracking
-    VM (which was ~80 % of an encode's instructions). ``None``: not of that form."""
-    if not pattern.endswith(_LOOKAHEAD_TAIL):
-        return None
-    head = pattern[: -len(_LOOKAHEAD_TAIL)]
-    if any(look in head for look in ("(?=", "(?!", "(?<")):
-        return None
-    return head + r"|\s+"
 
 
 class TiktokenEncoder:
