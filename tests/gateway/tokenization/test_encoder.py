@@ -3,6 +3,7 @@ exactly, checked at load, else ``tokenizers`` with the reason."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -15,7 +16,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 
 from tokenplane.gateway.errors import ConfigError
 from tokenplane.gateway.tokenization import LocalTokenizer, TokenizerConfig
-from tokenplane.gateway.tokenization.encoder import PROBE
+from tokenplane.gateway.tokenization.encoder import GPT2_PATTERN, PROBE, TiktokenEncoder
+from tokenplane.gateway.tokenization.plain import _WIDE_GAP, may_have_wide_gap, plain_pattern
 
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -99,7 +101,7 @@ def test_tiktoken_ids_are_tokenizers_ids(
     text = data.draw(_text(sorted(t.content for t in tok.tokenizer.get_added_tokens_decoder().values())))
     enc = tok.encoder.encode(text)
     want = tok.tokenizer.encode(text, add_special_tokens=False)
-    assert enc.ids == want.ids
+    assert list(enc.ids) == want.ids
     for i, token in enumerate(want.ids):  # where the added tokens are, which the prefix cache cuts at
         if token in tok.added_ids:
             assert enc.token_to_chars(i) == want.token_to_chars(i)
@@ -178,3 +180,73 @@ def test_the_encoder_knob(tokenizer_dir: Path) -> None:
     assert TokenizerConfig(path=str(tokenizer_dir)).encoder == "auto"
     with pytest.raises(ValueError, match="'encoder' is for source: local"):
         TokenizerConfig(source="remote", encoder="hf")
+
+
+# -- the lookahead-free pattern (plain_pattern): the same ids where it is used ------------------
+
+# every White_Space character, the four that Python's \s takes and tiktoken's does not, and the
+# characters around them
+_GAPS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u200a\u2028\u2029\u202f\u205f\u3000\x1c\x1d\x1e\x1f"
+
+
+def test_plain_pattern_drops_only_a_final_lookahead() -> None:
+    assert plain_pattern(GPT2_PATTERN) == GPT2_PATTERN.removesuffix(r"|\s+(?!\S)|\s+") + r"|\s+"
+    assert plain_pattern(LLAMA3_PATTERN) == LLAMA3_PATTERN.removesuffix(r"|\s+(?!\S)|\s+") + r"|\s+"
+    assert plain_pattern(r"\w+|\s+") is None  # no lookahead to drop
+    assert plain_pattern(r"(?=x)\w+|\s+(?!\S)|\s+") is None  # another lookaround stays
+
+
+@pytest.mark.parametrize("which", ["tiny", "split"])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_the_plain_pattern_gives_the_lookahead_patterns_ids(
+    which: str, loaded: dict[str, LocalTokenizer], data: st.DataObject
+) -> None:
+    """Old (the lookahead pattern everywhere) and new (the plain one where no wide gap) agree,
+    on texts made mostly of white space runs between words, punctuation and added tokens."""
+    encoder = loaded[which].encoder
+    assert isinstance(encoder, TiktokenEncoder) and encoder._plain is not None
+    added = sorted(encoder._added)
+    piece = st.one_of(
+        st.text(alphabet=st.sampled_from(list(_GAPS)), min_size=1, max_size=4),
+        st.sampled_from(["a", "ab", "'s", "x1", "7", ".", "!?", "é", "水", *added]),
+        st.text(max_size=4),
+    )
+    text = data.draw(st.lists(piece, max_size=16).map("".join))
+    old = encoder._encoding.encode(text, allowed_special=encoder._added, disallowed_special=())
+    assert list(encoder.encode(text).ids) == old
+    assert encoder.encode_text(text) == [*encoder._prefix, *old, *encoder._suffix]
+    gap = _WIDE_GAP.search(text) is not None
+    assert may_have_wide_gap(text) or not gap  # (a superset)
+    if not gap:  # where the plain pattern may run, it is the lookahead's split
+        plain = encoder._plain.encode(text, allowed_special=encoder._added, disallowed_special=())
+        assert plain == old
+
+
+def test_the_plain_pattern_is_used_and_a_wide_gap_is_not_given_to_it(
+    loaded: dict[str, LocalTokenizer],
+) -> None:
+    encoder = loaded["tiny"].encoder
+    assert isinstance(encoder, TiktokenEncoder) and encoder._plain is not None
+    plain = encoder._plain.encode
+    wide = "indented\n    code and  two spaces"
+    assert _WIDE_GAP.search(wide) is not None and may_have_wide_gap(wide)
+    assert plain(wide) != encoder._encoding.encode(wide)  # the reason it is not used there
+    assert list(encoder.encode(wide).ids) == encoder._encoding.encode(wide)
+    narrow = "one space\nbetween words\u3000at the end "
+    assert _WIDE_GAP.search(narrow) is None and not may_have_wide_gap(narrow)
+    assert list(encoder.encode(narrow).ids) == plain(narrow) == encoder._encoding.encode(narrow)
+
+
+@given(
+    st.lists(st.sampled_from(["a", "b.", " ", "\t", "\n", "\r", "\x0b", "\x0c", "\x1c", "x y"]), max_size=12)
+)
+def test_the_gap_check_misses_no_wide_gap(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    if _WIDE_GAP.search(text) is not None:
+        assert may_have_wide_gap(text)
+    if not any(a in _ASCII and b in _ASCII for a, b in itertools.pairwise(text)):
+        assert not may_have_wide_gap(text)  # only touching white spaces make it say so
+
+
+_ASCII = _GAPS[:16]  # White_Space

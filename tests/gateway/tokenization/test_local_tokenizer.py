@@ -142,3 +142,15 @@ def test_tokenizer_config_json_list_template(tokenizer_dir: Path, tmp_path: Path
     ]
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     assert LocalTokenizer(folder).render([{"role": "user", "content": "x"}], {}) == "D<s>"
+
+
+def test_a_message_digest_tells_what_json_tells() -> None:
+    from tokenplane.gateway.tokenization.local import _message_digest
+
+    plain = {"role": "user", "content": "hi"}
+    assert _message_digest(7, plain) == _message_digest(7, dict(plain))
+    assert _message_digest(7, plain) != _message_digest(8, plain)  # the messages before it
+    assert _message_digest(7, plain) != _message_digest(7, {"content": "hi", "role": "user"})  # as sent
+    # 1, 1.0 and True hash alike in Python; as JSON they differ, and so do their digests
+    digests = {_message_digest(7, {"role": "user", "content": "x", "n": v}) for v in (1, 1.0, True)}
+    assert len(digests) == 3

@@ -22,6 +22,10 @@ the reason is recorded and ``tokenizers`` encodes:
   tokens embedded, and seeded random strings over all of these), and every vocabulary entry on its
   own, give identical ids through both. A mismatch anywhere keeps ``tokenizers``.
 
+Where a text has no run of two or more white spaces before a non-space (most chat text), tiktoken
+runs the pattern without its final lookahead (:mod:`.plain`: the same pieces, several times fewer
+instructions); the probe check covers both.
+
 Special tokens a text prompt gets (``add_special_tokens``, the post-processor's BOS) are taken
 from what ``tokenizers`` adds around two probes; the probe check covers them too.
 """
@@ -33,13 +37,17 @@ import json
 import logging
 import random
 import re
+from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from tokenizers import Tokenizer
 
+from tokenplane.gateway.tokenization.plain import may_have_wide_gap, plain_pattern
+
 log = logging.getLogger(__name__)
+assert array("i").itemsize == 4  # tiktoken's buffer is u32, read as int32 (ids < 2**31)
 
 EncoderChoice = Literal["auto", "tiktoken", "hf"]
 
@@ -48,10 +56,11 @@ GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 
 
 class Encoded(Protocol):
-    """One encoding: its ids, and where an added token's text lies in the input."""
+    """One encoding: its ids (a ``list``, or an ``array('i')`` from tiktoken), and where an added
+    token's text lies in the input."""
 
     @property
-    def ids(self) -> list[int]: ...
+    def ids(self) -> Sequence[int]: ...
 
     def token_to_chars(self, token_index: int) -> tuple[int, int] | None: ...
 
@@ -93,7 +102,9 @@ class _Pieces:
 
     __slots__ = ("_added_ids", "_spans", "_split", "_text", "ids")
 
-    def __init__(self, ids: list[int], text: str, split: re.Pattern[str], added_ids: frozenset[int]) -> None:
+    def __init__(
+        self, ids: Sequence[int], text: str, split: re.Pattern[str], added_ids: frozenset[int]
+    ) -> None:
         self.ids = ids
         self._text = text
         self._split = split
@@ -118,7 +129,11 @@ class _Pieces:
 class TiktokenEncoder:
     """tiktoken, with the added tokens as its special tokens: it splits them out first, leftmost,
     as ``tokenizers`` does; leftmost-first is leftmost-longest because no added token is a prefix
-    of another (else :func:`build_tiktoken` refuses)."""
+    of another (else :func:`build_tiktoken` refuses).
+
+    ``plain``: the same encoding with :func:`plain_pattern`'s pattern, used for a text without a
+    :data:`_WIDE_GAP` (the same ids, checked on the probe too); its ids come as one buffer, read
+    into an ``array('i')`` without a Python int per id."""
 
     name = "tiktoken"
 
@@ -128,8 +143,10 @@ class TiktokenEncoder:
         added: Mapping[str, int],
         prefix: Sequence[int] = (),
         suffix: Sequence[int] = (),
+        plain: Any = None,
     ) -> None:
-        self._encode = encoding.encode
+        self._encoding = encoding
+        self._plain = plain
         self._added = frozenset(added)
         self._added_ids = frozenset(added.values())
         alternatives = sorted(added, key=len, reverse=True)
@@ -137,15 +154,25 @@ class TiktokenEncoder:
         self._prefix = list(prefix)
         self._suffix = list(suffix)
 
+    def _ids(self, text: str) -> Sequence[int]:
+        if self._plain is not None and not may_have_wide_gap(text):
+            try:
+                buffer = self._plain._core_bpe.encode_to_tiktoken_buffer(text, self._added)
+            except UnicodeEncodeError:  # lone surrogates: Encoding.encode's fix-up, below
+                pass
+            else:
+                out = array("i")
+                out.frombytes(memoryview(buffer).cast("B"))
+                return out
+        ids: list[int] = self._encoding.encode(text, allowed_special=self._added, disallowed_special=())
+        return ids
+
     def encode(self, text: str) -> Encoded:
-        ids: list[int] = self._encode(text, allowed_special=self._added, disallowed_special=())
-        return _Pieces(ids, text, self._split, self._added_ids)
+        return _Pieces(self._ids(text), text, self._split, self._added_ids)
 
     def encode_text(self, text: str) -> list[int]:
-        ids = self.encode(text).ids
-        if self._prefix or self._suffix:
-            return [*self._prefix, *ids, *self._suffix]
-        return ids
+        ids = self._ids(text)
+        return [*self._prefix, *ids, *self._suffix]
 
 
 # -- building a tiktoken Encoding from tokenizer.json ---------------------------------------------
@@ -302,8 +329,17 @@ def build_tiktoken(hf: Tokenizer, spec: Mapping[str, Any]) -> TiktokenEncoder:
         )
     except Exception as exc:  # tiktoken's regex engine refused the pattern
         raise NotExact(f"tiktoken refused the tokenizer: {exc}") from None
+    plain: Any = None
+    plain_pat = plain_pattern(pattern)
+    if plain_pat is not None:
+        try:
+            plain = tiktoken.Encoding(
+                "tokenplane-plain", pat_str=plain_pat, mergeable_ranks=ranks, special_tokens=added
+            )
+        except Exception:  # (refused: the lookahead's pattern alone then)
+            plain = None
     prefix, suffix = _specials_around(hf)
-    encoder = TiktokenEncoder(encoding, added, prefix, suffix)
+    encoder = TiktokenEncoder(encoding, added, prefix, suffix, plain)
     check_exact(hf, encoder, encoding, spec, added)
     return encoder
 
@@ -362,7 +398,7 @@ def check_exact(hf: Tokenizer, encoder: TiktokenEncoder, encoding: Any, spec: Ma
     without special tokens) and for every vocabulary entry as one pre-token."""
     for text in _probe_texts(added):
         want = hf.encode(text, add_special_tokens=False).ids
-        if encoder.encode(text).ids != want:
+        if list(encoder.encode(text).ids) != want:
             raise NotExact(f"ids differ from tokenizers' on the probe {text[:40]!r}")
         if encoder.encode_text(text) != hf.encode(text, add_special_tokens=True).ids:
             raise NotExact(f"ids with special tokens differ from tokenizers' on the probe {text[:40]!r}")

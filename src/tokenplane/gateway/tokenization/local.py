@@ -56,6 +56,17 @@ def _text_content(message: Any) -> Mapping[str, Any] | None:
     return {**message, "content": "\n".join(texts)}
 
 
+def _message_digest(parent: int, message: dict[str, Any]) -> int:
+    """The digest of the messages up to ``message`` (``parent``: of those before it). A message of
+    strings (role, content, name: the usual one) is hashed as its items, the strings' own hashes,
+    without writing it as JSON first; any other value (a list of parts, a number, None) makes it
+    hashed as its JSON text (``1``, ``1.0`` and ``True`` hash alike in Python, not as JSON)."""
+    for value in message.values():
+        if type(value) is not str:
+            return hash((parent, _encode_json(message)))
+    return hash((parent, tuple(message.items())))
+
+
 class LocalTokenizer:
     source = "local"
 
@@ -147,7 +158,7 @@ class LocalTokenizer:
         for m in raw:
             if type(m) is not dict:
                 return None
-            digest = hash((digest, _encode_json(m)))
+            digest = _message_digest(digest, m)
             digests.append(digest)
         if template.split is not None and body.get("continue_final_message") is not True:
             ids = self._chat_split(template.split, template, raw, root, digests, body)
@@ -265,12 +276,13 @@ class LocalTokenizer:
                 if span is not None and span[1] <= bound:
                     break
             cut -= 1
+        # (tiktoken's ids come as an ``array('i')``: joined by memcpy, no Python int per id)
         if base is not None:
             out = array("i", base.ids)
-            out.extend(new[skip:])
+            out.extend(new[skip:] if type(new) is array else array("i", new[skip:]))
             blocks = TokenBlocks(out, base.keys, len(base.ids))
         else:
-            out = array("i", new)
+            out = new if type(new) is array else array("i", new)
             blocks = TokenBlocks(out)
         entry: CachedPrefix | None = None
         if cut >= skip and span is not None:
