@@ -26,13 +26,14 @@ pytestmark = [pytest.mark.vllm, pytest.mark.anyio]
 
 MAX_TOKENS = 1900  # several seconds of decoding on the tiny model
 SILENCE_S = 2.0  # no chunk for this long from a frozen instance: what it had written is read out
-TRIES = 4
+TRIES = 6
 
 
 async def _stream_killing_mid_decode(gw: Any, vllm_instances: list[Any]) -> dict[str, Any] | None:
     """One stream; freeze its instance at the first content chunk, kill it if vLLM had not finished.
 
-    Returns what the client saw, or None when vLLM had already finished (the instance is thawed).
+    Returns what the client saw, or None when vLLM had already finished (the instance is thawed, or
+    was never frozen: the gateway had already relayed the whole answer at the first chunk).
     """
     client = gw.client(timeout=120)
     stream = await client.completions.create(
@@ -58,6 +59,7 @@ async def _stream_killing_mid_decode(gw: Any, vllm_instances: list[Any]) -> dict
         server.thaw()  # it had finished before the freeze: nothing to interrupt
 
     watcher: asyncio.Task[None] | None = None
+    looked = False
     text = ""
     usage = None
     async for c in stream:
@@ -69,10 +71,14 @@ async def _stream_killing_mid_decode(gw: Any, vllm_instances: list[Any]) -> dict
                 state["finished"] = True
         if c.usage is not None:
             usage = c.usage
-        if watcher is None and c.choices and c.choices[0].text:
+        if not looked and c.choices and c.choices[0].text:
+            looked = True
             inst = await gw.instances()
             busy = [i for i, iid in enumerate(gw.ids) if inst[iid]["outstanding_requests"] > 0]
-            assert len(busy) == 1, inst
+            if len(busy) != 1:
+                # none: the gateway already had the whole answer (a slow client reads it out of the
+                # socket buffers), so there is nothing to interrupt; read it out and try another
+                continue
             vllm_instances[busy[0]].freeze()
             state["frozen"] = busy[0]
             state["last"] = loop.time()
