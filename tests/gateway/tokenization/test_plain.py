@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import regex
 import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -38,7 +39,7 @@ def _pieces(added: list[str]) -> st.SearchStrategy[str]:
         st.sampled_from(["a", "ab", "Word", " the", "x y", "a b c", " ab ", "'s", "'LL", "'t"]),
         st.sampled_from(["7", "123", "2026", " 42", "3.14", "é", "水", "Ωmega", "straße", "日本"]),
         st.sampled_from([".", ",", "!?", "()", "```", "-", " -", "#", "'", '"']),
-        st.sampled_from(added),
+        st.sampled_from(added) if added else st.just(""),
         st.text(max_size=3),
     )
     return st.lists(piece, max_size=24).map("".join)
@@ -96,3 +97,17 @@ def test_where_a_text_is_cut() -> None:
     assert gap_cuts("a  <|im_end|>", False, "<") is None  # an added token may follow: not cut
     assert cut_flag(sorted(CUT_EXACT)[0], ["<|a b|>"]) is None
     assert cut_flag(r"\w+|\s+(?!\S)|\s+", ["<s>"]) is None
+
+
+@pytest.mark.parametrize("pattern", sorted(CUT_EXACT))
+@settings(max_examples=1500, deadline=None)
+@given(text=_pieces([]))
+def test_the_parts_plain_pieces_are_the_texts_lookahead_pieces(pattern: str, text: str) -> None:
+    """The same, piece by piece (ids can agree where pieces do not: no merge across them), with
+    the ``regex`` module (its ``\\s`` is tiktoken's: Unicode's White_Space)."""
+    plain = plain_pattern(pattern)
+    assert plain is not None
+    cuts = gap_cuts(text, CUT_EXACT[pattern], "")
+    assert cuts is not None
+    parts = [text[a:b] for a, b in itertools.pairwise([0, *cuts, len(text)])]
+    assert [piece for part in parts for piece in regex.findall(plain, part)] == regex.findall(pattern, text)
