@@ -49,6 +49,7 @@ from tokenizers import Tokenizer
 from tokenplane.gateway.tokenization.plain import GPT2_PATTERN as GPT2_PATTERN
 from tokenplane.gateway.tokenization.plain import (
     cut_flag,
+    cut_marker,
     encode_cut,
     gap_cuts,
     may_have_wide_gap,
@@ -157,6 +158,7 @@ class TiktokenEncoder:
         self._plain = plain
         self._cut = cut if plain is not None else None
         self._firsts = "".join(sorted({t[0] for t in added}))
+        self._marker = cut_marker(added)
         self._added = frozenset(added)
         self._added_ids = frozenset(added.values())
         alternatives = sorted(added, key=len, reverse=True)
@@ -171,7 +173,7 @@ class TiktokenEncoder:
             cuts = gap_cuts(text, cut, self._firsts) if cut is not None else None
             try:
                 if cuts:
-                    return encode_cut(plain, text, cuts, self._added)
+                    return encode_cut(plain, text, cuts, self._added, self._marker)
                 if cuts is not None or not may_have_wide_gap(text):
                     out = array("i")
                     out.frombytes(

@@ -12,9 +12,10 @@ any, each then encoded with the plain pattern (:func:`encode_cut`): the same ids
 
 from __future__ import annotations
 
+import itertools
 import re
 from array import array
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Mapping, Set
 from typing import Any
 
 _WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
@@ -150,14 +151,32 @@ def gap_cuts(text: str, newline_ends: bool, added_firsts: str) -> list[int] | No
     return cuts
 
 
-def encode_cut(plain: Any, text: str, cuts: list[int], added: Set[str]) -> array[int]:
+def cut_marker(added: Mapping[str, int]) -> tuple[str, bytes] | None:
+    """An added token and its id's bytes in tiktoken's buffer: :func:`encode_cut` joins the parts
+    with it, for one call instead of one a part (an added token is split out first, so the parts
+    are encoded apart all the same; none holds a white space, so none spans a cut)."""
+    if not added:
+        return None
+    token = min(added)
+    return token, array("i", [added[token]]).tobytes()
+
+
+def encode_cut(
+    plain: Any, text: str, cuts: list[int], added: Set[str], marker: tuple[str, bytes] | None = None
+) -> array[int]:
     """``text``'s ids by ``plain`` (:func:`plain_pattern`'s encoding), part by part between
-    :func:`gap_cuts`' ``cuts``; ``UnicodeEncodeError`` on a lone surrogate."""
+    :func:`gap_cuts`' ``cuts``; ``UnicodeEncodeError`` on a lone surrogate. With ``marker``
+    (:func:`cut_marker`) and the text without it: the parts joined by it, encoded at once, and its
+    id taken out (where each of its matches in the bytes is one whole id, else part by part)."""
     fast = plain._core_bpe.encode_to_tiktoken_buffer
     out = array("i")
-    at = 0
-    for q in cuts:
-        out.frombytes(memoryview(fast(text[at:q], added)).cast("B"))
-        at = q
-    out.frombytes(memoryview(fast(text[at:], added)).cast("B"))
+    bounds = [0, *cuts, len(text)]
+    if marker is not None and marker[0] not in text:
+        joined = marker[0].join([text[a:b] for a, b in itertools.pairwise(bounds)])
+        parts = bytes(memoryview(fast(joined, added)).cast("B")).split(marker[1])
+        if len(parts) == len(bounds) - 1 and not any(len(part) % 4 for part in parts):
+            out.frombytes(b"".join(parts))
+            return out
+    for a, b in itertools.pairwise(bounds):
+        out.frombytes(memoryview(fast(text[a:b], added)).cast("B"))
     return out
