@@ -37,6 +37,9 @@ bound endpoint, so the request path is the precise one::
     python bench/gateway_inproc.py --instructions --conversations --tokenizer /tmp/tok32k
     python bench/gateway_inproc.py --instructions --conversations --tokenizer /tmp/tok32k --encoder hf
 
+``--paragraphs`` lays the conversations' texts out as chat is (paragraphs apart, lists, code blocks
+of indented lines, sometimes two spaces after a full stop) instead of words one space apart.
+
 ``--encoder`` picks the library that encodes (``models[].tokenizer.encoder``: ``auto`` takes
 tiktoken where it is exact for the tokenizer, ``hf`` the ``tokenizers`` library always).
 
@@ -154,22 +157,50 @@ def _words(rng: random.Random, n: int) -> str:
     )
 
 
-def _conversation_requests(lane: int, stream: bool) -> Any:
+def _paragraphs(rng: random.Random, n: int) -> str:
+    """About ``n`` words as chat text is laid out: paragraphs apart ("\\n\\n"), now and then two
+    spaces after a full stop, a list, or a code block of indented lines."""
+    out: list[str] = []
+    left = n
+    while left > 0:
+        kind = rng.random()
+        if kind < 0.2:  # a code block: 4-space and 8-space indents, a blank line inside
+            lines = [f"def {rng.choice(_WORDS)}(x):"]
+            for i in range(rng.randint(2, 5)):
+                lines.append(
+                    " " * (4 if i % 2 == 0 else 8) + f"{rng.choice(_WORDS)} = x + {rng.randint(0, 99)}"
+                )
+            lines.insert(2, "")
+            out.append("```python\n" + "\n".join(lines) + "\n```")
+            left -= 4 * len(lines)
+        elif kind < 0.35:  # a list
+            items = rng.randint(2, 4)
+            out.append("\n".join(f"- {_words(rng, 6)}" for _ in range(items)))
+            left -= 6 * items
+        else:  # sentences, some with two spaces after them
+            sentences = [_words(rng, rng.randint(6, 14)).capitalize() + "." for _ in range(rng.randint(1, 4))]
+            out.append("".join(s + ("  " if rng.random() < 0.3 else " ") for s in sentences).rstrip())
+            left -= 10 * len(sentences)
+    return "\n\n".join(out)
+
+
+def _conversation_requests(lane: int, stream: bool, paragraphs: bool = False) -> Any:
     """One connection's requests: growing conversations, one after another (a fixed seed per lane)."""
     import msgspec
 
     rng = random.Random(lane)
     head = load._request_head(auth=True)
+    words = _paragraphs if paragraphs else _words
     while True:
-        messages: list[dict[str, str]] = [{"role": "system", "content": _words(rng, 300)}]
+        messages: list[dict[str, str]] = [{"role": "system", "content": words(rng, 300)}]
         for _ in range(TURNS):
-            messages.append({"role": "user", "content": _words(rng, 60)})
+            messages.append({"role": "user", "content": words(rng, 60)})
             body: dict[str, Any] = {"model": load.MODEL, "messages": messages, "max_tokens": 64}
             if stream:
                 body |= {"stream": True, "stream_options": {"include_usage": True}}
             raw = msgspec.json.encode(body)
             yield head + b"Content-Length: %d\r\n\r\n" % len(raw) + raw
-            messages.append({"role": "assistant", "content": _words(rng, 120)})
+            messages.append({"role": "assistant", "content": words(rng, 120)})
 
 
 class _Transport:
@@ -239,6 +270,7 @@ async def _drive(
     answer: list[bytes],
     conversations: bool = False,
     pregen: int = 0,
+    paragraphs: bool = False,
 ) -> float:
     app = create_app(parse_config(config))
     app.on_startup.append(freeze_startup_objects)
@@ -285,7 +317,10 @@ async def _drive(
     # long run under --instructions, so that making them cancels out)
     per_lane = (max(pregen, n) + warmup) // conc + 2
     ready = (
-        [list(itertools.islice(_conversation_requests(lane, stream), per_lane)) for lane in range(conc)]
+        [
+            list(itertools.islice(_conversation_requests(lane, stream, paragraphs), per_lane))
+            for lane in range(conc)
+        ]
         if conversations
         else []
     )
@@ -315,9 +350,8 @@ def _instructions(src: Path | None, a: argparse.Namespace) -> float:
         env["PYTHONPATH"] = str(src / "src")
     common = ["--warmup", str(a.warmup), "--rounds", "1", "--concurrency", str(a.concurrency)]
     common += ["--chunks", str(a.chunks)] + (["--stream"] if a.stream else [])
-    common += (["--conversations"] if a.conversations else []) + (
-        ["--tokenizer", str(a.tokenizer)] if a.tokenizer else []
-    )
+    common += (["--conversations"] if a.conversations else []) + (["--paragraphs"] if a.paragraphs else [])
+    common += ["--tokenizer", str(a.tokenizer)] if a.tokenizer else []
     common += ["--kv-events"] if a.kv_events else []
     common += ["--encoder", a.encoder]
 
@@ -347,6 +381,11 @@ def main() -> None:
     p.add_argument("--instructions", action="store_true", help="count instructions under callgrind")
     p.add_argument("--baseline-src", type=Path, help="with --instructions: another checkout, counted too")
     p.add_argument("--conversations", action="store_true", help="growing multi-turn chats (see above)")
+    p.add_argument(
+        "--paragraphs",
+        action="store_true",
+        help="with --conversations: texts laid out as chat is (paragraph breaks, indented code, two spaces)",
+    )
     p.add_argument("--tokenizer", type=Path, help="the model's tokenizer folder (models[].tokenizer)")
     p.add_argument(
         "--encoder",
@@ -368,6 +407,7 @@ def main() -> None:
         if a.n == DEFAULT_N:
             a.n, a.warmup = (200, 256) if a.stream else (400, 300)
         kind = ("stream" if a.stream else "non-stream") + (" conversations" if a.conversations else "")
+        kind += " paragraphs" if a.paragraphs else ""
         kind += f" tokenizer={a.tokenizer} encoder={a.encoder}" if a.tokenizer else ""
         here = _instructions(None, a)
         out = {"kind": kind, "concurrency": a.concurrency, "instructions_per_req": here}
@@ -406,13 +446,24 @@ def main() -> None:
         for _ in range(a.rounds):
             loop = new_event_loop()
             try:
-                drive = _drive(cfg, a.n, a.warmup, a.concurrency, a.stream, answer, a.conversations, a.pregen)
+                drive = _drive(
+                    cfg,
+                    a.n,
+                    a.warmup,
+                    a.concurrency,
+                    a.stream,
+                    answer,
+                    a.conversations,
+                    a.pregen,
+                    a.paragraphs,
+                )
                 best = min(best, loop.run_until_complete(drive))
             finally:
                 loop.close()
             gc.unfreeze()
             gc.collect()
         kind = ("stream" if a.stream else "non-stream") + (" conversations" if a.conversations else "")
+        kind += " paragraphs" if a.paragraphs else ""
         kind += f" tokenizer={a.tokenizer} encoder={a.encoder}" if a.tokenizer else ""
         if a.json:
             print(json.dumps({"kind": kind, "concurrency": a.concurrency, "cpu_ms_per_req": best}))

@@ -250,3 +250,49 @@ def test_the_gap_check_misses_no_wide_gap(pieces: list[str]) -> None:
 
 
 _ASCII = _GAPS[:16]  # White_Space
+
+
+# -- cuts (plain.gap_cuts): only for the patterns they are exact for -----------------------------
+
+_PARAGRAPHS = (
+    "First paragraph.  Two spaces after it.\n\nSecond one:\n\n```python\ndef f(x):\n    y = x + 1\n\n"
+    "        return y\n```\n\n- a list item\n- another, with 12 and 345\n\n\tTabbed\t\tline.\n\n   end   "
+)
+
+
+def _pattern_edit(pattern: str) -> Any:
+    def edit(spec: dict[str, Any]) -> None:
+        spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = pattern
+
+    return edit
+
+
+def _spaced_token(spec: dict[str, Any]) -> None:
+    top = max(*spec["model"]["vocab"].values(), *(t["id"] for t in spec["added_tokens"])) + 1
+    spec["added_tokens"].append(
+        {"id": top, "content": "<|a b|>", "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True}
+    )  # fmt: skip
+
+
+def test_cuts_only_where_they_are_exact(
+    loaded: dict[str, LocalTokenizer], split_dir: Path, tmp_path: Path
+) -> None:
+    qwen2 = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
+    dirs = {
+        "qwen2": _edited(split_dir, tmp_path / "qwen2", _pattern_edit(qwen2)),
+        "other": _edited(
+            split_dir, tmp_path / "other", _pattern_edit(LLAMA3_PATTERN.replace("{1,3}", "{1,2}"))
+        ),
+        "spaced": _edited(split_dir, tmp_path / "spaced", _spaced_token),
+    }
+    tokenizers = {**loaded, **{name: LocalTokenizer(d) for name, d in dirs.items()}}
+    cut = {}
+    for name, tok in tokenizers.items():
+        encoder = tok.encoder
+        assert isinstance(encoder, TiktokenEncoder) and encoder._plain is not None, name
+        cut[name] = encoder._cut
+        text = f"{_PARAGRAPHS}{_PARAGRAPHS.replace('.', '.<|eot_id|>')}"
+        want = tok.tokenizer.encode(text, add_special_tokens=False).ids
+        assert list(encoder.encode(text).ids) == want, name
+    assert cut == {"tiny": False, "split": True, "qwen2": True, "other": None, "spaced": None}

@@ -24,7 +24,9 @@ the reason is recorded and ``tokenizers`` encodes:
 
 Where a text has no run of two or more white spaces before a non-space (most chat text), tiktoken
 runs the pattern without its final lookahead (:mod:`.plain`: the same pieces, several times fewer
-instructions); the probe check covers both.
+instructions); where it has some, and the pattern is GPT-2's, Llama 3's or Qwen 2's, the text is
+cut before each such run's last white space (:func:`.plain.gap_cuts`), and the plain pattern
+encodes the parts (the same ids again); the probe check covers all three.
 
 Special tokens a text prompt gets (``add_special_tokens``, the post-processor's BOS) are taken
 from what ``tokenizers`` adds around two probes; the probe check covers them too.
@@ -44,15 +46,20 @@ from typing import Any, Literal, Protocol
 
 from tokenizers import Tokenizer
 
-from tokenplane.gateway.tokenization.plain import may_have_wide_gap, plain_pattern
+from tokenplane.gateway.tokenization.plain import GPT2_PATTERN as GPT2_PATTERN
+from tokenplane.gateway.tokenization.plain import (
+    cut_flag,
+    cut_marker,
+    encode_cut,
+    gap_cuts,
+    may_have_wide_gap,
+    plain_pattern,
+)
 
 log = logging.getLogger(__name__)
 assert array("i").itemsize == 4  # tiktoken's buffer is u32, read as int32 (ids < 2**31)
 
 EncoderChoice = Literal["auto", "tiktoken", "hf"]
-
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-"""What ``ByteLevel(use_regex=true)`` splits with (``tokenizers``' byte_level.rs)."""
 
 
 class Encoded(Protocol):
@@ -133,7 +140,8 @@ class TiktokenEncoder:
 
     ``plain``: the same encoding with :func:`plain_pattern`'s pattern, used for a text without a
     :data:`_WIDE_GAP` (the same ids, checked on the probe too); its ids come as one buffer, read
-    into an ``array('i')`` without a Python int per id."""
+    into an ``array('i')`` without a Python int per id. ``cut`` (:func:`~.plain.cut_flag`): a text
+    with wide gaps is cut (:func:`~.plain.gap_cuts`) and its parts encoded with ``plain``."""
 
     name = "tiktoken"
 
@@ -144,9 +152,13 @@ class TiktokenEncoder:
         prefix: Sequence[int] = (),
         suffix: Sequence[int] = (),
         plain: Any = None,
+        cut: bool | None = None,
     ) -> None:
         self._encoding = encoding
         self._plain = plain
+        self._cut = cut if plain is not None else None
+        self._firsts = "".join(sorted({t[0] for t in added}))
+        self._marker = cut_marker(added)
         self._added = frozenset(added)
         self._added_ids = frozenset(added.values())
         alternatives = sorted(added, key=len, reverse=True)
@@ -155,15 +167,21 @@ class TiktokenEncoder:
         self._suffix = list(suffix)
 
     def _ids(self, text: str) -> Sequence[int]:
-        if self._plain is not None and not may_have_wide_gap(text):
+        plain = self._plain
+        if plain is not None:
+            cut = self._cut
+            cuts = gap_cuts(text, cut, self._firsts) if cut is not None else None
             try:
-                buffer = self._plain._core_bpe.encode_to_tiktoken_buffer(text, self._added)
+                if cuts:
+                    return encode_cut(plain, text, cuts, self._added, self._marker)
+                if cuts is not None or not may_have_wide_gap(text):
+                    out = array("i")
+                    out.frombytes(
+                        memoryview(plain._core_bpe.encode_to_tiktoken_buffer(text, self._added)).cast("B")
+                    )
+                    return out
             except UnicodeEncodeError:  # lone surrogates: Encoding.encode's fix-up, below
                 pass
-            else:
-                out = array("i")
-                out.frombytes(memoryview(buffer).cast("B"))
-                return out
         ids: list[int] = self._encoding.encode(text, allowed_special=self._added, disallowed_special=())
         return ids
 
@@ -339,7 +357,7 @@ def build_tiktoken(hf: Tokenizer, spec: Mapping[str, Any]) -> TiktokenEncoder:
         except Exception:  # (refused: the lookahead's pattern alone then)
             plain = None
     prefix, suffix = _specials_around(hf)
-    encoder = TiktokenEncoder(encoding, added, prefix, suffix, plain)
+    encoder = TiktokenEncoder(encoding, added, prefix, suffix, plain, cut_flag(pattern, added))
     check_exact(hf, encoder, encoding, spec, added)
     return encoder
 

@@ -5,12 +5,18 @@ sends tiktoken's regex engine (``fancy_regex``) to its backtracking VM for the w
 was ~80 % of an encode's instructions. Without it the pattern runs as one automaton, and gives the
 same pieces on any text with no run of two or more white spaces before a non-space
 (:func:`plain_pattern` says why); :func:`may_have_wide_gap` tells, cheaply, which texts may have one
-(those go to the pattern with its lookahead, :class:`~.encoder.TiktokenEncoder`).
+(those go to the pattern with its lookahead, :class:`~.encoder.TiktokenEncoder`). For the patterns
+of :data:`CUT_EXACT`, :func:`gap_cuts` finds where to cut a text with wide gaps into texts without
+any, each then encoded with the plain pattern (:func:`encode_cut`): the same ids again.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
+from array import array
+from collections.abc import Iterable, Mapping, Set
+from typing import Any
 
 _WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 """Unicode's White_Space, which ``\\s`` is in tiktoken's regex engine (not Python's ``\\s``: that
@@ -59,3 +65,118 @@ def plain_pattern(pattern: str) -> str | None:
     if any(look in head for look in ("(?=", "(?!", "(?<")):
         return None
     return head + r"|\s+"
+
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+"""What ``ByteLevel(use_regex=true)`` splits with (``tokenizers``' byte_level.rs)."""
+_LLAMA3_HEAD = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|"
+_LLAMA3_TAIL = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+CUT_EXACT: dict[str, bool] = {
+    GPT2_PATTERN: False,
+    _LLAMA3_HEAD + r"\p{N}{1,3}" + _LLAMA3_TAIL: True,  # Llama 3's
+    _LLAMA3_HEAD + r"\p{N}" + _LLAMA3_TAIL: True,  # Qwen 2's
+}
+r"""The patterns :func:`gap_cuts` cuts exactly for, and whether a run of white spaces that ends in
+``\r`` or ``\n`` is no wide gap for them (``True``: ``\s*[\r\n]+``, before the lookahead, takes
+all of it that is left, in both patterns).
+
+Why a cut is exact. Take a run of white spaces ``text[a:b]``, ``b - a >= 2``, before a non-space
+``text[b]``, and ``q = b - 1``. In GPT-2's pattern no piece takes a white space after its first
+character, and at ``a`` only ``\s+(?!\S)`` matches (every other alternative needs a non-space at
+``a + 1``): it ends at ``q``. In Llama 3's and Qwen 2's, a piece may take ``\r``/``\n`` after
+punctuation, and ``\s*[\r\n]+`` takes up to the run's last newline; where ``text[q]`` is neither,
+both end before ``q``; from where the rest of the run starts, every other alternative needs a
+non-space next, and ``\s+(?!\S)`` ends at ``q`` (or, the rest being ``text[q]`` alone, a piece
+starts at ``q``). So a piece starts at ``q``: the pieces of ``text[q:]`` are the text's from
+``q`` on (no lookbehind, no anchor), and those of ``text[:q]`` the text's before it: a match in
+``text[:q]`` is one in the text (its only lookahead, ``(?!\S)``, at the end of ``text[:q]`` sees
+``text[q]``, a white space, in the text), and each of the text's pieces before ``q`` ends by
+``q``. After every such cut no part has a wide gap (a run at a part's end is followed by nothing,
+where both patterns take it whole), so the plain pattern splits each part as the lookahead's
+does. Added tokens (split out first, from each part alike) are never cut where none holds a white
+space, and a run before one (the end of a text for the pattern) is not cut: ``None``."""
+
+
+def _touching(text: str) -> list[int]:
+    """Where two white spaces touch (the first one's index), at least once in every run of two
+    or more (the same searches as :func:`may_have_wide_gap`)."""
+    at: list[int] = []
+    i = text.find("  ")
+    while i >= 0:
+        at.append(i)
+        i = text.find("  ", i + 2)
+    ws = _WS_CHARS
+    for c in _ASCII_OTHERS if text.isascii() else _OTHERS:
+        i = text.find(c)
+        while i >= 0:
+            if i and text[i - 1] in ws:
+                at.append(i - 1)
+            elif text[i + 1 : i + 2] in ws:
+                at.append(i)
+            i = text.find(c, i + 1)
+    at.sort()
+    return at
+
+
+_RUN = re.compile(f"[{_WS}]*")
+
+
+def cut_flag(pattern: str, added: Iterable[str]) -> bool | None:
+    """:data:`CUT_EXACT`'s flag for ``pattern``; ``None``: not there, or an added token holds a
+    white space (cut, it would be split)."""
+    if any(c in _WS_CHARS for token in added for c in token):
+        return None
+    return CUT_EXACT.get(pattern)
+
+
+def gap_cuts(text: str, newline_ends: bool, added_firsts: str) -> list[int] | None:
+    """Where to cut ``text`` (:data:`CUT_EXACT`'s pattern; ``newline_ends`` its flag) into parts
+    without a wide gap: before the last white space of each run of two or more before a non-space.
+    ``None``: a run comes before one of ``added_firsts`` (the added tokens' first characters)."""
+    cuts: list[int] = []
+    end = 0
+    n = len(text)
+    for i in _touching(text):
+        if i < end:
+            continue  # (in the run already seen)
+        m = _RUN.match(text, i)
+        end = m.end() if m is not None else i
+        if end >= n:
+            break
+        if newline_ends and text[end - 1] in "\r\n":
+            continue
+        if text[end] in added_firsts:
+            return None
+        cuts.append(end - 1)
+    return cuts
+
+
+def cut_marker(added: Mapping[str, int]) -> tuple[str, bytes] | None:
+    """An added token and its id's bytes in tiktoken's buffer: :func:`encode_cut` joins the parts
+    with it, for one call instead of one a part (an added token is split out first, so the parts
+    are encoded apart all the same; none holds a white space, so none spans a cut)."""
+    if not added:
+        return None
+    token = min(added)
+    return token, array("i", [added[token]]).tobytes()
+
+
+def encode_cut(
+    plain: Any, text: str, cuts: list[int], added: Set[str], marker: tuple[str, bytes] | None = None
+) -> array[int]:
+    """``text``'s ids by ``plain`` (:func:`plain_pattern`'s encoding), part by part between
+    :func:`gap_cuts`' ``cuts``; ``UnicodeEncodeError`` on a lone surrogate. With ``marker``
+    (:func:`cut_marker`) and the text without it: the parts joined by it, encoded at once, and its
+    id taken out (where each of its matches in the bytes is one whole id, else part by part)."""
+    fast = plain._core_bpe.encode_to_tiktoken_buffer
+    out = array("i")
+    bounds = [0, *cuts, len(text)]
+    if marker is not None and marker[0] not in text:
+        joined = marker[0].join([text[a:b] for a, b in itertools.pairwise(bounds)])
+        parts = bytes(memoryview(fast(joined, added)).cast("B")).split(marker[1])
+        if len(parts) == len(bounds) - 1 and not any(len(part) % 4 for part in parts):
+            out.frombytes(b"".join(parts))
+            return out
+    for a, b in itertools.pairwise(bounds):
+        out.frombytes(memoryview(fast(text[a:b], added)).cast("B"))
+    return out
