@@ -13,8 +13,7 @@ the reason is recorded and ``tokenizers`` encodes:
   come in the order of the ids they make (tiktoken merges by the id of the result);
 - no normalizer (or an empty sequence of them);
 - the pre-tokenizer is ``ByteLevel(add_prefix_space=false, use_regex=true)`` (GPT-2's pattern), or
-  ``Sequence[Split(Regex, Isolated), ByteLevel(add_prefix_space=false, use_regex=false)]`` as
-  Llama 3 and Qwen 2 ship (that pattern);
+  ``Sequence[Split(Regex, Isolated), ByteLevel(...use_regex=false)]`` (Llama 3, Qwen 2: that pattern);
 - the added tokens are plain: no ``lstrip``, ``rstrip`` or ``single_word``, all ``normalized``
   alike, none a prefix of another. They are tiktoken's special tokens, split out of the text
   first, leftmost (so leftmost-longest, as ``tokenizers`` splits them);
