@@ -361,22 +361,13 @@ class ControlLoop:
                     ids.append(h.instance_id)
                 if self.dry_run:
                     ids = [f"(new {i + 1})" for i in range(action.count)]
-            elif kind is ActionKind.STOP_WARM:
-                warm = sorted(
-                    (m for m in self._members.values() if m.phase is Phase.WARM and m.owned),
-                    key=lambda m: m.since,
-                    reverse=True,
-                )[: action.count]
-                if warm and await self._stop(warm):
-                    ids = [m.id for m in warm]
-            elif kind is ActionKind.CANCEL_WARMING:
-                starting = sorted(
-                    (m for m in self._members.values() if m.phase is Phase.WARMING and m.owned),
-                    key=lambda m: m.since,
-                    reverse=True,
-                )[: action.count]
-                if starting and await self._stop(starting):
-                    ids = [m.id for m in starting]
+            elif kind in (ActionKind.STOP_WARM, ActionKind.CANCEL_WARMING):
+                # the newest first: a warm one parked last, a starting one furthest from ready
+                phase = Phase.WARM if kind is ActionKind.STOP_WARM else Phase.WARMING
+                owned = (m for m in self._members.values() if m.phase is phase and m.owned)
+                chosen = sorted(owned, key=lambda m: m.since, reverse=True)[: action.count]
+                if chosen and await self._stop(chosen):
+                    ids = [m.id for m in chosen]
             elif kind in (ActionKind.DRAIN, ActionKind.DRAIN_TO_WARM):
                 park = kind is ActionKind.DRAIN_TO_WARM
                 direct: list[_Member] = []
