@@ -3,48 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
-import time
 
 import aiohttp
 import openai
 import pytest
+from emulator_process import free_port, wait_ready
 
 MODEL = "emu-8b"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def _wait_ready(url: str, proc: subprocess.Popen[bytes], limit_s: float = 15.0) -> None:
-    deadline = time.monotonic() + limit_s
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, "emulator exited early"
-            try:
-                async with http.get(url + "/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise TimeoutError("emulator did not become ready")
-
-
 def test_subprocess_serves_and_dies_on_demand() -> None:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "tokenplane.emulator", "--port", str(port), "--speed", "20"]
     cmd += ["--served-model-name", MODEL, "--gpu", "A100", "--max-num-seqs", "64"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
 
     async def body() -> None:
-        await _wait_ready(url, proc)
+        await wait_ready(url, proc, 15.0)
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=10)
         try:
             stream = await client.chat.completions.create(

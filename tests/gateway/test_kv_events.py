@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from emulator_process import free_port
 
 from tokenplane.gateway.config import InstanceConfig, KvEventsConfig
 from tokenplane.gateway.kv_events import (
@@ -156,15 +157,9 @@ def test_config_and_sources() -> None:
         KvEventsConfig(endpoint="http://nope")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.anyio
 async def test_real_zmq_pub_sub_on_loopback() -> None:
-    endpoints = {"a": f"tcp://127.0.0.1:{_free_port()}", "b": f"tcp://127.0.0.1:{_free_port()}"}
+    endpoints = {"a": f"tcp://127.0.0.1:{free_port()}", "b": f"tcp://127.0.0.1:{free_port()}"}
     sub = KvEventsSubscriber([KvEventsSource(i, ep, "kv") for i, ep in endpoints.items()])
     await sub.start()
     ctx = zmq.Context()

@@ -4,15 +4,13 @@ on the other prefill instance; the client sees one whole answer."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
 import subprocess
 import sys
-import time
 
 import aiohttp
 import pytest
+from emulator_process import free_port, wait_ready
 
 from tokenplane.emulator.protocol import TextGen
 
@@ -23,35 +21,14 @@ PROMPT = "A prefill instance that dies takes its KV cache with it. " * 6
 KV = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def _ready(url: str, proc: subprocess.Popen[bytes], limit_s: float = 60.0) -> None:
-    deadline = time.monotonic() + limit_s
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, "emulator exited early"
-            try:
-                async with http.get(url + "/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise TimeoutError("emulator did not become ready")
-
-
 async def test_prefill_process_exiting_after_handover_is_prefilled_again(pd_fleet) -> None:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "tokenplane.emulator", "--port", str(port), "--speed", "50"]
     cmd += ["--fixed-step-ms", "20", "--kv-transfer-config", KV]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        await _ready(url, proc)
+        await wait_ready(url, proc, 60.0)
         fault = {"exit_after_handover": True}
         async with aiohttp.ClientSession() as http, http.post(url + "/admin/faults", json=fault) as r:
             assert r.status == 200

@@ -6,7 +6,6 @@ gateway's tokenizer."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,8 @@ pytest.importorskip("zmq")
 pytestmark = pytest.mark.anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
+from emulator_process import free_port  # noqa: E402
 from tiny_model import sample_text  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize("source", ["local", "remote"])
@@ -38,7 +32,7 @@ async def test_conversations_follow_their_blocks_on_emulators(
     from tokenplane.gateway.app import GATEWAY_KEY
     from tokenplane.gateway.server import GatewayServer
 
-    endpoints = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
     emus = []
     for ep in endpoints:
         emus += await emulators(1, tokenizer=str(tokenizer_dir), kv_events_endpoint=ep)

@@ -4,7 +4,6 @@ reasons say which. The remote tokenizer speaks vLLM's ``POST /tokenize`` over re
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from emulator_process import free_port
 
 from tokenplane.gateway.app import GATEWAY_KEY, create_app
 from tokenplane.gateway.config import parse_config
@@ -38,12 +38,6 @@ class _Batch(msgspec.Struct, array_like=True):
     events: list[Any]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 CONVERSATION = [
     {"role": "system", "content": "You are the token plane. " * 12},
     {"role": "user", "content": "Which instance holds my conversation? " * 6},
@@ -52,7 +46,7 @@ CONVERSATION = [
 
 async def _run(upstreams: Any, names: Any, tokenizer_dir: Path, tokenized: bool) -> tuple[list[int], str]:
     ups = await upstreams(2)
-    port = _free_port()
+    port = free_port()
     raw = names.gateway_config(ups, router="prefix-affinity")
     raw["instances"][1]["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{port}"}
     if tokenized:
