@@ -319,9 +319,8 @@ def _feed_first_tokens(mirror: GatewayMirror, seqs: list[Seq], fed: set[int]) ->
     new = [q for q in seqs if q.generated >= 1 and q.uid not in fed and q.record.first_token_s is not None]
     for q in sorted(new, key=lambda q: (q.record.first_token_s or 0.0, q.uid)):
         fed.add(q.uid)
-        mirror.ups[q.record.instance_id or ""].observe_ttft(
-            (q.record.first_token_s or 0.0) - q.sent_s, q.waiting_ahead
-        )
+        first = q.record.first_token_s or 0.0
+        mirror.ups[q.record.instance_id or ""].observe_ttft(first - q.sent_s, q.waiting_ahead, now=first)
 
 
 ROUTERS: list[Any] = [
@@ -485,7 +484,7 @@ def admission_twin_side() -> list[tuple[str, str]]:
                 info = RequestInfo(str(uid), "m", 10, 10, arrival_s=now)
                 e.submit(Seq(uid, spec, info, RequestRecord(uid, "default", now, 10, 10), 16), now)
         elif step[0] == "ttft":
-            engines[step[1]].ttft.observe(step[2], step[3])  # as the engine does at a first token
+            engines[step[1]].ttft.observe(step[2], step[3], now=now)  # as the engine does at a first token
         elif step[0] == "down":
             engines[step[1]].ready = False
             engines[step[1]].changed.add(step[1])
@@ -529,7 +528,7 @@ def admission_gateway_side() -> list[tuple[str, str]]:
             queued[u.id] += step[2]
             u.apply_metrics(RuntimeMetrics(waiting=queued[u.id]), now=now)
         elif step[0] == "ttft":
-            mirror.ups[engines[step[1]].id].observe_ttft(step[2], step[3])
+            mirror.ups[engines[step[1]].id].observe_ttft(step[2], step[3], now=now)
         elif step[0] == "down":
             mirror.ups[engines[step[1]].id].record_failure("connection refused")
         else:

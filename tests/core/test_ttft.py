@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 
 from tokenplane.core.admission import AdmissionQueue, PriorityClass
 from tokenplane.core.shedding import LoadShedder, TtftPredictor
-from tokenplane.core.ttft import PoolTtft, UpFront, UpFrontReason, free_kv_bytes, ttft_up_front
+from tokenplane.core.ttft import (
+    TTFT_REPUBLISH_MIN_S,
+    PoolTtft,
+    UpFront,
+    UpFrontReason,
+    free_kv_bytes,
+    ttft_up_front,
+)
 from tokenplane.core.views import InstanceView, RequestInfo
 
 VIEWS = [InstanceView("a", waiting=4), InstanceView("b", waiting=9)]
@@ -21,7 +28,7 @@ def _info(budget: float | None, prompt: int = 1000, now: float = 100.0) -> Reque
 
 def _pool(mean: float = 0.2) -> PoolTtft:
     pool = PoolTtft(TtftPredictor(mean_prefill_s=mean))
-    pool.observe(mean, 0)  # one first token, at the mean: it predicts from now on
+    pool.observe(mean, 0, now=0.0)  # one first token, at the mean: it predicts from now on
     return pool
 
 
@@ -73,13 +80,18 @@ def test_shed_exactly_when_the_prediction_misses_the_deadline(
 def test_the_pool_publishes_a_new_mean_only_when_it_moved_enough() -> None:
     pool = PoolTtft(TtftPredictor(mean_prefill_s=0.2, alpha=0.1))
     assert pool.view_ttft_s(3, "warm") == 0.0 and not pool.has_observed()
-    pool.observe(0.8, 3)  # sample 0.2: the mean stays, and is published (the first observation)
+    pool.observe(0.8, 3, now=10.0)  # sample 0.2: the mean stays, and is published (the first one)
     assert pool.version == 1 and pool.view_ttft_s(3, "warm") == 0.8
     assert pool.view_ttft_s(3, "cold") == 0.0 and pool.view_ttft_s(3, "warming") == 0.0
-    pool.observe(0.2 * 1.1, 0)  # moves the mean by 1 %: not republished
+    pool.observe(0.2 * 1.1, 0, now=20.0)  # moves the mean by 1 %: not republished
     assert pool.version == 1 and pool.mean_prefill_s == 0.2
-    pool.observe(2.0, 0)  # by 90 %
+    pool.observe(2.0, 0, now=20.0 + TTFT_REPUBLISH_MIN_S)  # by 90 %
     assert pool.version == 2 and pool.mean_prefill_s > 0.2
+    moved = pool.predictor.mean_prefill_s
+    pool.observe(20.0, 0, now=20.5 + TTFT_REPUBLISH_MIN_S)  # far, but within the time floor
+    assert pool.version == 2 and pool.mean_prefill_s == moved
+    pool.observe(pool.predictor.mean_prefill_s, 0, now=21.0 + TTFT_REPUBLISH_MIN_S)  # floor passed
+    assert pool.version == 3 and pool.mean_prefill_s > 1.0
 
 
 def test_free_kv_bytes() -> None:

@@ -43,7 +43,7 @@ def _observed(predictor: TtftPredictor) -> PoolTtft:
     """A pool TTFT that has observed one first token at exactly the predictor's mean (so it
     predicts, and the mean stays where the test set it)."""
     ttft = PoolTtft(predictor)
-    ttft.observe(predictor.mean_prefill_s, 0)
+    ttft.observe(predictor.mean_prefill_s, 0, now=0.0)
     return ttft
 
 

@@ -313,10 +313,10 @@ def test_predicted_ttft_comes_from_the_pools_observed_ttfts() -> None:
     u.apply_metrics(RuntimeMetrics(waiting=3), 0.0)
     assert u.view().predicted_ttft_s == 0.0  # nothing observed yet: the router's own model decides
     pool.ttft("m").predictor.alpha = 1.0
-    other.observe_ttft(0.5, waiting_ahead=4)  # 0.1 s per request ahead, learnt on the other instance
+    other.observe_ttft(0.5, waiting_ahead=4, now=0.0)  # 0.1 s per request ahead, learnt on the other instance
     assert math.isclose(u.view().predicted_ttft_s, (3 + 1) * 0.1)
     assert math.isclose(other.view().predicted_ttft_s, 0.1)
-    u.observe_ttft(0.1001, waiting_ahead=0)  # a move under TTFT_REPUBLISH_RATIO keeps the views
+    u.observe_ttft(0.1001, waiting_ahead=0, now=5.0)  # a move under TTFT_REPUBLISH_RATIO keeps the views
     assert math.isclose(u.view().predicted_ttft_s, 0.4)
     u.set_weights("warming")
     assert u.view().predicted_ttft_s == 0.0  # not warm: the router adds its own readiness delay

@@ -20,7 +20,12 @@ engine's first-token event), and reads it twice:
   (``LEFT_TO_QUEUE``).
 
 ``PoolTtft.version`` moves when the mean moved by more than :data:`TTFT_REPUBLISH_RATIO` since
-last published: a shell rebuilds its views then, not at every observation.
+last published and at least :data:`TTFT_REPUBLISH_MIN_S` has passed since then (the clock is the
+caller's ``now``): a shell rebuilds its views then, not at every observation. The time floor bounds
+the rebuilds by time, not by traffic: with prompt lengths varying several-fold, a 2 % move came
+with nearly every other first token, and the twin rebuilt all the views of a 1,024-instance fleet
+that often (14x the CPU of 30,000 requests of ``bench/sim_speed.py``'s day run, measured side by
+side); views are then at most that much staler than the mean, about one metrics scrape.
 
 :func:`free_kv_bytes` is the view's ``hbm_free_bytes`` in both shells: no runtime publishes free
 HBM, so it is the free KV cache in bytes, ``capacity x (1 - kv_usage) x bytes per token``.
@@ -42,6 +47,9 @@ TTFT_REPUBLISH_RATIO = 0.02
 """Views carry a new predicted TTFT when the pool's mean prefill time moved by more than this
 fraction since they were built: every observation would otherwise rebuild every view."""
 
+TTFT_REPUBLISH_MIN_S = 1.0
+"""...and at most once per this many seconds of the caller's clock."""
+
 WARM = "warm"
 
 
@@ -49,22 +57,28 @@ class PoolTtft:
     """One model pool's :class:`~tokenplane.core.shedding.TtftPredictor`, fed with observed TTFTs
     (see the module docstring). Before the first observation nothing is predicted."""
 
-    __slots__ = ("mean_prefill_s", "observed", "predictor", "version")
+    __slots__ = ("mean_prefill_s", "observed", "predictor", "published_s", "version")
 
     def __init__(self, predictor: TtftPredictor | None = None) -> None:
         self.predictor = predictor if predictor is not None else TtftPredictor()
         self.observed = 0
         self.version = 0
         self.mean_prefill_s = 0.0  # as last published to views; 0 before the first observation
+        self.published_s = -math.inf
 
-    def observe(self, ttft_s: float, waiting_ahead: int) -> None:
-        """An attempt got its first token ``ttft_s`` after it was sent, behind ``waiting_ahead``."""
+    def observe(self, ttft_s: float, waiting_ahead: int, *, now: float) -> None:
+        """An attempt got its first token ``ttft_s`` after it was sent, behind ``waiting_ahead``;
+        ``now``: the caller's clock, for the republish floor."""
         self.predictor.observe(ttft_s, waiting_ahead=max(0, waiting_ahead))
         self.observed += 1
         mean = self.predictor.mean_prefill_s
         published = self.mean_prefill_s
-        if not published or abs(mean - published) > TTFT_REPUBLISH_RATIO * published:
+        if not published or (
+            abs(mean - published) > TTFT_REPUBLISH_RATIO * published
+            and now - self.published_s >= TTFT_REPUBLISH_MIN_S
+        ):
             self.mean_prefill_s = mean
+            self.published_s = now
             self.version += 1
 
     def has_observed(self) -> bool:

@@ -204,10 +204,12 @@ class Upstream:
             self._weights = state
             self._view = self._base = None
 
-    def observe_ttft(self, ttft_s: float, waiting_ahead: int | None = None) -> None:
+    def observe_ttft(self, ttft_s: float, waiting_ahead: int | None = None, *, now: float) -> None:
         """A request sent here got its first token ``ttft_s`` after it was sent; ``waiting_ahead``:
-        the instance's reported queue when it was sent (default: as last scraped)."""
-        self._ttft.observe(ttft_s, int(self.metrics.waiting) if waiting_ahead is None else waiting_ahead)
+        the instance's reported queue when it was sent (default: as last scraped); ``now``: the
+        gateway's monotonic clock."""
+        waiting = int(self.metrics.waiting) if waiting_ahead is None else waiting_ahead
+        self._ttft.observe(ttft_s, waiting, now=now)
 
     def record_failure(self, reason: str) -> bool:
         """Count a failure; True when this one took the instance out."""

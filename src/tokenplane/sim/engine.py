@@ -389,7 +389,7 @@ class ContinuousEngine(DecodeRuns, SeqRelease):
                 # preemption that is the request's next token, not its first.
                 seq.generated += 1
                 if seq.generated == 1:  # this attempt's first token (not one after a preemption)
-                    self.ttft.observe(now - seq.sent_s, seq.waiting_ahead)
+                    self.ttft.observe(now - seq.sent_s, seq.waiting_ahead, now=now)
                 if seq.record.first_token_s is None:
                     seq.record.first_token_s = now
                 else:

@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from msgspec.structs import replace
+
 from tokenplane.core.routing.base import Router
 from tokenplane.core.ttft import PoolTtft
 from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, WorkflowContext
@@ -187,18 +189,23 @@ class Fleet:
         return sum(t.version for t in pools)
 
     def fresh_views(self) -> list[InstanceView]:
-        """The instances' views, rebuilt for the engines whose state changed since last asked (all
-        of them when a pool's TTFT model published a new mean)."""
+        """The instances' views, rebuilt for the engines whose state changed since last asked; when
+        a pool's TTFT model published a new mean, the others' predicted TTFT only."""
         views = self.views
+        engines = self.engines
+        changed = self._changed
         version = self._ttft_version()
         if version != self._ttft_seen:
             self._ttft_seen = version
-            self._changed.update(range(len(self.engines)))
-        if self._changed:
-            engines = self.engines
-            for i in self._changed:
+            for i, v in enumerate(views):
+                if i not in changed:
+                    ttft = engines[i].ttft.view_ttft_s(v.waiting, v.weights)
+                    if ttft != v.predicted_ttft_s:
+                        views[i] = replace(v, predicted_ttft_s=ttft)
+        if changed:
+            for i in changed:
                 views[i] = engines[i].view()
-            self._changed.clear()
+            changed.clear()
         return views
 
     def cached_prefix(self, spec: RequestSpec) -> dict[str, int]:

@@ -137,7 +137,7 @@ class StaticEngine:
             rec = seq.record
             rec.scheduled_s = now
             rec.first_token_s = first
-            self.ttft.observe(first - seq.sent_s, seq.waiting_ahead)  # known once the batch starts
+            self.ttft.observe(first - seq.sent_s, seq.waiting_ahead, now=first)  # known once the batch starts
             o = seq.spec.output_tokens
             if o > 1:
                 self.tbt.add(decode_time(o - 1) / (o - 1), o - 1)

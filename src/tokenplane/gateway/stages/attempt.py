@@ -168,7 +168,7 @@ class Attempts:
             delivered = end.tokens
             latency = end.latency_s
             if latency is not None and end.tokens > 0:
-                upstream.observe_ttft(latency, waiting_ahead)  # feeds the pool's TTFT predictor
+                upstream.observe_ttft(latency, waiting_ahead, now=time.monotonic())  # to the pool's predictor
             if end.failure is not None:
                 result = AttemptResult.FAILED_MID_STREAM
                 failure = end.failure
