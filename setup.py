@@ -29,7 +29,9 @@ from setuptools import setup
 # CI runs the tests against this build (tests/test_compiled.py checks that they do).
 COMPILED_MODULES = [
     "tokenplane/core/admission.py",
+    "tokenplane/core/admission_backlog.py",
     "tokenplane/core/admission_decision.py",
+    "tokenplane/core/admission_params.py",
     "tokenplane/core/breaker.py",
     "tokenplane/core/breaker_config.py",
     "tokenplane/core/breaker_states.py",

@@ -233,7 +233,8 @@ def test_kv_working_set_limit_refuses_new_tasks_at_step_1_only(fakes: SimpleName
         records = fleet.run().records
         outcomes[frac] = {r.request_id: ("ok" if r.ok else r.reason) for r in records}
         if frac is not None:  # "a" finished and left the working set, "b" never entered it
-            assert list(gate._contexts) == ["c"] and gate._working_set_tokens == 300
+            ws = gate.working_set
+            assert ws is not None and list(ws.contexts) == ["c"] and ws.working_set_tokens == 300
     assert outcomes[0.005] == {0: "ok", 1: "kv_working_set", 2: "ok", 3: "ok", 4: "ok", 5: "ok"}
     assert set(outcomes[None].values()) == {"ok"}
 

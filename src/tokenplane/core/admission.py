@@ -50,17 +50,8 @@ Refusals carry ``retry_after_s`` = queued depth / recent dispatch rate (dispatch
 window / window), clamped to ``[retry_after_min_s, retry_after_max_s]``; ``retry_after_default_s``
 when nothing was dispatched recently. The gateway rounds it up for ``Retry-After``.
 
-Params (:meth:`AdmissionQueue.from_params`)::
-
-    max_depth: 1024                 # queued requests per pool
-    max_per_tenant: 256             # queued requests per tenant in this pool
-    max_in_flight: null             # default per-tenant in-flight limit (null: none)
-    tenant_max_in_flight: {}        # per-tenant overrides
-    tenant_weights: {}              # fair-share weights (> 0), default 1
-    reserve: {}                     # class -> fraction of the pool's slots kept for it and above
-    budget_s: {interactive: 30, standard: 120, batch: 3600}
-    aging_s: null                   # null: strict priority
-    retry_after_min_s: 1, retry_after_max_s: 60, retry_after_default_s: 5
+Params, their defaults and how a config mapping is read: :mod:`.admission_params`. The
+queued requests' indexes and their lazy deletion: :mod:`.admission_backlog`.
 
 Cost: ``offer`` O(log n) plus O(tenants queued at >= its class) for the no-jumping check; ``next``
 O(classes + tenants in the chosen class) store reads plus O(log n); memory O(queued). Lazy deletion
@@ -75,12 +66,11 @@ the same tenant for one sync period.
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
-from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from tokenplane.core.admission_backlog import Backlog, clean
 from tokenplane.core.admission_decision import (
     Admission,
     AdmissionDecision,
@@ -88,15 +78,19 @@ from tokenplane.core.admission_decision import (
     QueuedRequest,
     terminal_for,
 )
-from tokenplane.core.errors import InvalidPolicyConfig
-from tokenplane.core.params import ParamReader
-from tokenplane.core.priority import PriorityClass
-from tokenplane.core.state_store import (
-    CounterStore,
-    GaugeStore,
-    LocalGaugeStore,
-    SlidingWindowCounterStore,
+from tokenplane.core.admission_params import (
+    DEFAULT_BUDGET_S,
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_PER_TENANT,
+    DEFAULT_RETRY_AFTER_DEFAULT_S,
+    DEFAULT_RETRY_AFTER_MAX_S,
+    DEFAULT_RETRY_AFTER_MIN_S,
+    DEFAULT_WINDOW_S,
+    queue_from_params,
 )
+from tokenplane.core.errors import InvalidPolicyConfig
+from tokenplane.core.priority import PriorityClass
+from tokenplane.core.state_store import CounterStore, GaugeStore
 from tokenplane.core.views import RequestInfo
 
 __all__ = [
@@ -117,33 +111,9 @@ __all__ = [
     "terminal_for",
 ]
 
-DEFAULT_MAX_DEPTH = 1024
-DEFAULT_MAX_PER_TENANT = 256
-DEFAULT_BUDGET_S: Mapping[PriorityClass, float] = {
-    PriorityClass.INTERACTIVE: 30.0,
-    PriorityClass.STANDARD: 120.0,
-    PriorityClass.BATCH: 3600.0,
-}
-DEFAULT_RETRY_AFTER_MIN_S = 1.0
-DEFAULT_RETRY_AFTER_MAX_S = 60.0
-DEFAULT_RETRY_AFTER_DEFAULT_S = 5.0
-DEFAULT_WINDOW_S = 60.0
-
 _AT_OR_ABOVE: Mapping[PriorityClass, tuple[PriorityClass, ...]] = {
     c: tuple(x for x in PriorityClass if x >= c) for c in PriorityClass
 }
-
-
-class _Entry:
-    __slots__ = ("item", "removed", "seq")
-
-    def __init__(self, item: QueuedRequest, seq: int) -> None:
-        self.item = item
-        self.seq = seq
-        self.removed = False
-
-
-_Heap = list[tuple[float, int, _Entry]]
 
 
 def request_cost_tokens(request: RequestInfo) -> int:
@@ -204,13 +174,7 @@ class AdmissionQueue:
         self._budgets = budgets
         self.aging_s = aging_s
         self._ra = (retry_after_min_s, retry_after_max_s, retry_after_default_s)
-        self._seq = itertools.count()
-        self._by_class: dict[PriorityClass, dict[str, _Heap]] = {c: {} for c in PriorityClass}
-        self._order: dict[PriorityClass, deque[_Entry]] = {c: deque() for c in PriorityClass}
-        self._deadlines: _Heap = []
-        self._by_id: dict[str, _Entry] = {}
-        self._tenant_depth: dict[str, int] = {}
-        self._pending_expired: list[tuple[QueuedRequest, AdmissionReason]] = []
+        self._backlog = Backlog()
 
     # ---- construction from config -------------------------------------------------------------
 
@@ -223,51 +187,17 @@ class AdmissionQueue:
         gauges: GaugeStore | None = None,
         pool: str = "default",
     ) -> AdmissionQueue:
-        owner = "admission 'fair-queue'"
-        keys = (
-            "max_depth", "max_per_tenant", "max_in_flight", "tenant_max_in_flight", "tenant_weights",
-            "reserve", "budget_s", "aging_s", "retry_after_min_s", "retry_after_max_s",
-            "retry_after_default_s", "window_s",
-        )  # fmt: skip
-        r = ParamReader(owner, params, keys)
-
-        def positive(key: str, default: float) -> float:
-            return r.float_(key, default, min_value=0.0, exclusive_min=True)
-
-        max_in_flight = None if r.raw("max_in_flight") is None else r.int_("max_in_flight", 0, min_value=1)
-        aging_s = None if r.raw("aging_s") is None else positive("aging_s", 0.0)
-        budgets = _mapping(owner, r.raw("budget_s"), "budget_s", 1e-9)
-        reserves = _mapping(owner, r.raw("reserve"), "reserve", 0.0)
-        limits = _mapping(owner, r.raw("tenant_max_in_flight"), "tenant_max_in_flight", 1)
-        if any(v != int(v) for v in limits.values()):
-            raise InvalidPolicyConfig(f"{owner}: tenant_max_in_flight values must be integers")
-        return cls(
-            store=store or SlidingWindowCounterStore(positive("window_s", DEFAULT_WINDOW_S)),
-            gauges=gauges or LocalGaugeStore(),
-            pool=pool,
-            max_depth=r.int_("max_depth", DEFAULT_MAX_DEPTH, min_value=1),
-            max_per_tenant=r.int_("max_per_tenant", DEFAULT_MAX_PER_TENANT, min_value=1),
-            max_in_flight=max_in_flight,
-            tenant_max_in_flight={k: int(v) for k, v in limits.items()},
-            tenant_weights=_mapping(owner, r.raw("tenant_weights"), "tenant_weights", 1e-9),
-            reserve={PriorityClass.from_name(k): v for k, v in reserves.items()},
-            budget_s={PriorityClass.from_name(k): v for k, v in budgets.items()},
-            aging_s=aging_s,
-            retry_after_min_s=positive("retry_after_min_s", DEFAULT_RETRY_AFTER_MIN_S),
-            retry_after_max_s=positive("retry_after_max_s", DEFAULT_RETRY_AFTER_MAX_S),
-            retry_after_default_s=r.float_(
-                "retry_after_default_s", DEFAULT_RETRY_AFTER_DEFAULT_S, min_value=0
-            ),
-        )
+        """Build from a config mapping (keys and defaults: :mod:`.admission_params`)."""
+        return queue_from_params(cls, params, store=store, gauges=gauges, pool=pool)
 
     # ---- reads ------------------------------------------------------------------------------
 
     @property
     def depth(self) -> int:
-        return len(self._by_id)
+        return len(self._backlog.by_id)
 
     def depth_of(self, tenant: str) -> int:
-        return self._tenant_depth.get(tenant, 0)
+        return self._backlog.tenant_depth.get(tenant, 0)
 
     def in_flight(self, tenant: str) -> int:
         return int(self._gauges.get(self._prefix + "inflight:" + tenant))
@@ -279,12 +209,7 @@ class AdmissionQueue:
         return self._store.get(self._prefix + "served:" + tenant, now=now)
 
     def oldest_wait_s(self, *, now: float) -> float:
-        oldest = math.inf
-        for order in self._order.values():
-            while order and order[0].removed:
-                order.popleft()
-            if order:
-                oldest = min(oldest, order[0].item.enqueued_s)
+        oldest = self._backlog.oldest_enqueued_s()
         return 0.0 if oldest == math.inf else max(0.0, now - oldest)
 
     def deadline_for(
@@ -330,7 +255,7 @@ class AdmissionQueue:
         deadline = self.deadline_for(request, cls, budget_s)
         if now + predicted_service_s >= deadline:
             return Admission(AdmissionDecision.REJECTED, AdmissionReason.DEADLINE_UNREACHABLE, cls, deadline)
-        self._collect_expired(now)  # expired entries must not keep a newcomer from a free slot
+        self._backlog.collect_expired(now)  # expired entries must not keep a newcomer from a free slot
         tenant = request.tenant
         tenant_ok = self._under_limit(tenant)
         held = self.reserved_above(cls, now=now, total_capacity=total_capacity) if capacity > 0 else 0
@@ -344,16 +269,16 @@ class AdmissionQueue:
             )  # fmt: skip
         evicted: QueuedRequest | None = None
         if self.depth >= self.max_depth:
-            victim = self._newest_below(cls)
+            victim = self._backlog.newest_below(cls)
             if victim is None:
                 return Admission(
                     AdmissionDecision.REJECTED, AdmissionReason.QUEUE_FULL, cls, deadline,
                     retry_after_s=self.retry_after_s(now=now),
                 )  # fmt: skip
-            self._remove(victim)
+            self._backlog.remove(victim)
             evicted = victim.item
         item = QueuedRequest(request, cls, deadline, now, request_cost_tokens(request))
-        self._push(item)
+        self._backlog.push(item)
         if not tenant_ok:
             reason = AdmissionReason.QUEUED_TENANT_LIMIT
         elif held and capacity <= held:
@@ -367,9 +292,9 @@ class AdmissionQueue:
     def next(self, *, now: float, capacity: int, total_capacity: int | None = None) -> QueuedRequest | None:
         """Pop the request to dispatch now, or ``None``; expired heads are held for :meth:`expire`.
         A class whose free slots are all held in reserve for classes above it is passed over."""
-        if capacity <= 0 or not self._by_id:
+        if capacity <= 0 or not self._backlog.by_id:
             return None
-        self._collect_expired(now)
+        self._backlog.collect_expired(now)
         best: tuple[float, int, PriorityClass] | None = None
         for cls in PriorityClass:
             if not self._has_dispatchable(cls):
@@ -378,7 +303,7 @@ class AdmissionQueue:
                 continue
             level = float(cls)
             if self.aging_s is not None:
-                order = self._order[cls]
+                order = self._backlog.order[cls]
                 while order[0].removed:  # a dispatchable entry exists, so this stops
                     order.popleft()
                 level += math.floor(max(0.0, now - order[0].item.enqueued_s) / self.aging_s)
@@ -389,10 +314,10 @@ class AdmissionQueue:
             return None
         cls = best[2]
         chosen: tuple[float, float, int, str] | None = None
-        for tenant, heap in self._by_class[cls].items():
+        for tenant, heap in self._backlog.by_class[cls].items():
             if not self._under_limit(tenant):
                 continue
-            _clean(heap)
+            clean(heap)
             if not heap:
                 continue
             share = self.served_tokens(tenant, now=now) / self._weights.get(tenant, 1.0)
@@ -401,22 +326,23 @@ class AdmissionQueue:
                 chosen = candidate
         if chosen is None:  # unreachable: _has_dispatchable found one
             return None
-        entry = heapq.heappop(self._by_class[cls][chosen[3]])[2]
-        self._remove(entry)
+        entry = heapq.heappop(self._backlog.by_class[cls][chosen[3]])[2]
+        self._backlog.remove(entry)
         self._reserve(entry.item.request, cls, entry.item.cost_tokens, now)
         return entry.item
 
     def expire(self, now: float) -> list[tuple[QueuedRequest, AdmissionReason]]:
         """Remove and return every queued request whose deadline is at or before ``now``."""
-        self._collect_expired(now)
-        out, self._pending_expired = self._pending_expired, []
+        backlog = self._backlog
+        backlog.collect_expired(now)
+        out, backlog.pending_expired = backlog.pending_expired, []
         return out
 
     def cancel(self, request_id: str) -> QueuedRequest | None:
-        entry = self._by_id.get(request_id)
+        entry = self._backlog.by_id.get(request_id)
         if entry is None:
             return None
-        self._remove(entry)
+        self._backlog.remove(entry)
         return entry.item
 
     # ---- observations -----------------------------------------------------------------------
@@ -445,99 +371,13 @@ class AdmissionQueue:
             store.add(self._prefix + "class:" + cls.label, 1, now=now)
 
     def _has_dispatchable(self, cls: PriorityClass) -> bool:
-        for tenant, heap in self._by_class[cls].items():
-            _clean(heap)
+        for tenant, heap in self._backlog.by_class[cls].items():
+            clean(heap)
             if heap and self._under_limit(tenant):
                 return True
         return False
 
     def _dispatchable_at_or_above(self, cls: PriorityClass) -> bool:
-        if not self._by_id:  # the common case on the request path: nothing queued
+        if not self._backlog.by_id:  # the common case on the request path: nothing queued
             return False
         return any(self._has_dispatchable(c) for c in _AT_OR_ABOVE[cls])
-
-    def _newest_below(self, cls: PriorityClass) -> _Entry | None:
-        for lower in sorted(PriorityClass):
-            if lower >= cls:
-                return None
-            order = self._order[lower]
-            while order and order[-1].removed:
-                order.pop()
-            if order:
-                return order[-1]
-        return None
-
-    def _push(self, item: QueuedRequest) -> None:
-        entry = _Entry(item, next(self._seq))
-        tenant = item.request.tenant
-        heapq.heappush(
-            self._by_class[item.priority].setdefault(tenant, []), (item.deadline_s, entry.seq, entry)
-        )
-        self._order[item.priority].append(entry)
-        heapq.heappush(self._deadlines, (item.deadline_s, entry.seq, entry))
-        self._by_id[item.request.request_id] = entry
-        self._tenant_depth[tenant] = self._tenant_depth.get(tenant, 0) + 1
-
-    def _remove(self, entry: _Entry) -> None:
-        if entry.removed:
-            return
-        entry.removed = True
-        item = entry.item
-        del self._by_id[item.request.request_id]
-        tenant = item.request.tenant
-        left = self._tenant_depth[tenant] - 1
-        if left:
-            self._tenant_depth[tenant] = left
-        else:
-            del self._tenant_depth[tenant]
-        heaps = self._by_class[item.priority]
-        heap = heaps.get(tenant)
-        if heap is not None:
-            _clean(heap)
-            if not heap:
-                del heaps[tenant]
-            elif len(heap) > 2 * left + 16:
-                _compact(heap)
-        # Removed entries linger in the order deques and the deadline heap until they surface;
-        # compacting at twice the live size keeps memory O(depth) at amortised O(1) per removal.
-        live = len(self._by_id)
-        if len(self._deadlines) > 2 * live + 64:
-            _compact(self._deadlines)
-        order = self._order[item.priority]
-        if len(order) > 2 * live + 64:
-            kept = [e for e in order if not e.removed]
-            order.clear()
-            order.extend(kept)
-
-    def _collect_expired(self, now: float) -> None:
-        heap = self._deadlines
-        while heap and (heap[0][2].removed or heap[0][0] <= now):
-            entry = heapq.heappop(heap)[2]
-            if not entry.removed:
-                self._remove(entry)
-                self._pending_expired.append((entry.item, AdmissionReason.EXPIRED))
-
-
-def _compact(heap: _Heap) -> None:
-    heap[:] = [e for e in heap if not e[2].removed]
-    heapq.heapify(heap)
-
-
-def _clean(heap: _Heap) -> None:
-    while heap and heap[0][2].removed:
-        heapq.heappop(heap)
-
-
-def _mapping(owner: str, raw: Any, key: str, min_value: float = 0.0) -> dict[str, float]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise InvalidPolicyConfig(f"{owner}: param {key!r} must be a mapping, got {raw!r}")
-    out: dict[str, float] = {}
-    for k, v in raw.items():
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < min_value:
-            raise InvalidPolicyConfig(
-                f"{owner}: param {key!r}[{k!r}] must be a number >= {min_value}, got {v!r}"
-            )
-        out[str(k)] = float(v)
-    return out

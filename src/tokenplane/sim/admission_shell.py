@@ -35,18 +35,8 @@ task is abandoned. Two policy families:
   (:class:`~tokenplane.core.task_admission.KvWorkingSetLimit`), so started tasks keep their prefixes
   cached through their think time; steps of started tasks are never refused by it.
 
-Working set. For the limit, the shell keeps, per started and unfinished workflow, the KV its context
-needs (prompt + output of its latest step: ``max_output`` when the step is gated, the real output
-once it finished), projected to the task's last step with the growth per step it has measured (an
-EWMA over the tasks that moved on; before the first one, each step is assumed to add as much as the
-request holds), and the running sum of those projections. A workflow enters when its step 1 is
-admitted by the limit (or when a later step of one it does not know arrives), and leaves when a
-step fails for good (the task is abandoned), when its last step (``step == total_steps``) succeeds,
-or when no step of it was seen for :data:`WORKING_SET_STALE_S` (a task that ended without the shell
-seeing its last step). The fleet's KV capacity is the sum of ``InstanceView.kv_capacity_tokens``
-over instances that are ready and healthy. Reported: ``admission_refused_kv_working_set``,
-``admission_max_working_set_tokens`` (the largest sum of projections) and
-``admission_max_context_tokens`` (the largest sum of contexts as they were).
+Working set: the contexts of started tasks that the limit sums are kept by a
+:class:`~tokenplane.sim.task_working_set.TaskWorkingSet` (its module says how).
 
 ``WorkflowContext.sunk_cost_usd`` is filled before each step is admitted from the running spend of
 its workflow: every attempt's prefill tokens computed and output tokens at the instance's step-model
@@ -58,7 +48,6 @@ Every logical request ends exactly once (ok, or one failure reason); queued requ
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -68,14 +57,7 @@ from tokenplane.core.admission import AdmissionQueue, PriorityClass
 from tokenplane.core.economics import TokenCosts
 from tokenplane.core.retry_budget import RetryBudget, first_attempt_cost, retry_cost
 from tokenplane.core.shedding import LoadShedder, load_signal
-from tokenplane.core.task_admission import (
-    KvWorkingSetLimit,
-    TaskAwareAdmission,
-    context_tokens,
-    fleet_kv_capacity_tokens,
-    peak_context_tokens,
-    starts_reusable_task,
-)
+from tokenplane.core.task_admission import KvWorkingSetLimit, TaskAwareAdmission
 from tokenplane.core.ttft import ttft_up_front
 from tokenplane.core.views import InstanceView, RequestInfo
 from tokenplane.core.workflow_value import WorkflowValueModel
@@ -83,13 +65,13 @@ from tokenplane.sim.engine import Seq
 from tokenplane.sim.resilience import ResilientDispatch, _Pending
 from tokenplane.sim.retry_driver import PlanDriver
 from tokenplane.sim.scenario import AdmissionSettings
+from tokenplane.sim.task_working_set import WORKING_SET_STALE_S as WORKING_SET_STALE_S
+from tokenplane.sim.task_working_set import TaskWorkingSet
 from tokenplane.sim.workloads.base import RequestSpec
 
 __all__ = ["AdmissionGate", "build_admission_policies"]
 
 RATE_ALPHA = 0.05
-WORKING_SET_STALE_S = 300.0
-"""A workflow with no step seen for this long leaves the working set (it ended unseen)."""
 
 
 def build_admission_policies(
@@ -146,15 +128,11 @@ class AdmissionGate:
         }
         self.refused_by_step: dict[str, int] = {}
         frac = admission.kv_working_set_fraction
-        self.working_set = KvWorkingSetLimit(frac) if self.task_aware and frac is not None else None
-        # workflow id -> (context tokens now, projected to the last step, step, total steps, when last
-        # seen), least recently seen first; the limit sums the projections
-        self._contexts: OrderedDict[str, tuple[int, int, int, int | None, float]] = OrderedDict()
-        self._working_set_tokens = 0
-        self._context_now_tokens = 0
-        self._growth: float | None = None  # EWMA of a task's context growth per step (tokens)
-        self.max_working_set_tokens = 0
-        self.max_context_tokens = 0
+        self.working_set = (
+            TaskWorkingSet(KvWorkingSetLimit(frac), growth_alpha=RATE_ALPHA)
+            if self.task_aware and frac is not None
+            else None
+        )
         self.adm["refused_kv_working_set"] = 0
 
     def bind(self, path: ResilientDispatch) -> None:
@@ -247,7 +225,10 @@ class AdmissionGate:
         budget = self.path.clients.timeout_s
         deadline = self.queue.deadline_for(info, cls, budget)
         views = self.fleet.fresh_views()
-        if self.working_set is not None and not self._working_set_admits(p, info, views, now):
+        refusal = None if self.working_set is None else self.working_set.refusal(info, views, now)
+        if refusal is not None:
+            self.adm["refused_kv_working_set"] += 1
+            self._refuse(p, now, refusal)
             return
         # The core's up-front rule, applied as the gateway's admission applies it.
         up = ttft_up_front(self.ttft, self.fleet.fresh_views, info, cls, self.queue, self.shedder, now=now)
@@ -292,84 +273,6 @@ class AdmissionGate:
         else:
             self._refuse(p, now, adm.reason.value)
 
-    # -- the working set of started tasks ---------------------------------------------------------
-    def _growth_estimate(self, tokens: int) -> float:
-        # Until a task has been seen to grow, assume each step adds as much as this one holds.
-        return self._growth if self._growth is not None else float(tokens)
-
-    def _working_set_admits(
-        self, p: _Pending, info: RequestInfo, views: Sequence[InstanceView], now: float
-    ) -> bool:
-        """Track the request's workflow in the working set; False when it was refused (step 1 only)."""
-        assert self.working_set is not None
-        wf = info.workflow
-        if wf is None:
-            return True
-        self._prune(now)
-        tokens = context_tokens(info)
-        old = self._contexts.get(wf.workflow_id)
-        if old is None and starts_reusable_task(info):
-            d = self.working_set.decide(
-                info,
-                active_context_tokens=self._working_set_tokens,
-                kv_capacity_tokens=fleet_kv_capacity_tokens(views),
-                growth_per_step_tokens=self._growth_estimate(tokens),
-            )
-            if not d.admit:
-                self.adm["refused_kv_working_set"] += 1
-                self._refuse(p, now, d.reason.value)
-                return False
-        elif old is not None and wf.step > old[2]:  # the task moved on: learn how fast contexts grow
-            g = float(max(0, tokens - old[0]) / (wf.step - old[2]))
-            self._growth = g if self._growth is None else self._growth + RATE_ALPHA * (g - self._growth)
-        self._set_context(wf.workflow_id, tokens, wf.step, wf.total_steps, now)
-        return True
-
-    def _set_context(
-        self, workflow_id: str, tokens: int, step: int, total_steps: int | None, now: float
-    ) -> None:
-        assert self.working_set is not None
-        old = self._contexts.pop(workflow_id, None)
-        peak = peak_context_tokens(
-            tokens,
-            step,
-            total_steps,
-            self._growth_estimate(tokens),
-            unknown_remaining_steps=self.working_set.unknown_remaining_steps,
-        )
-        if old is not None:
-            self._context_now_tokens -= old[0]
-            self._working_set_tokens -= old[1]
-        self._contexts[workflow_id] = (tokens, peak, step, total_steps, now)
-        self._context_now_tokens += tokens
-        self._working_set_tokens += peak
-        self.max_working_set_tokens = max(self.max_working_set_tokens, self._working_set_tokens)
-        self.max_context_tokens = max(self.max_context_tokens, self._context_now_tokens)
-
-    def _forget(self, workflow_id: str) -> None:
-        old = self._contexts.pop(workflow_id, None)
-        if old is not None:
-            self._context_now_tokens -= old[0]
-            self._working_set_tokens -= old[1]
-
-    def _prune(self, now: float) -> None:
-        contexts = self._contexts
-        while contexts:
-            wid, entry = next(iter(contexts.items()))
-            if entry[4] > now - WORKING_SET_STALE_S:
-                break
-            self._forget(wid)
-
-    def _task_ended_or_moved_on(self, p: _Pending, now: float, *, ok: bool) -> None:
-        wf = p.spec.workflow
-        if wf is None or wf.workflow_id not in self._contexts:
-            return
-        if not ok or (wf.total_steps is not None and wf.step >= wf.total_steps):
-            self._forget(wf.workflow_id)  # abandoned, or done: its context is no longer needed
-        else:  # what the step really generated is what stays cached
-            tokens = p.spec.prompt_tokens + p.spec.output_tokens
-            self._set_context(wf.workflow_id, tokens, wf.step, wf.total_steps, now)
-
     def _send(self, p: _Pending, info: RequestInfo, now: float) -> None:
         before = self.fleet.uid
         self.path.send(now, p)
@@ -387,7 +290,7 @@ class AdmissionGate:
 
     def on_end(self, p: _Pending, now: float, *, ok: bool) -> None:
         if self.working_set is not None:
-            self._task_ended_or_moved_on(p, now, ok=ok)
+            self.working_set.on_end(p.spec, now, ok=ok)
 
     def _task_retry(self, p: _Pending, now: float) -> bool:
         """A budgeted retry for a step of a started task whose failure would end it."""
@@ -472,11 +375,12 @@ class AdmissionGate:
         return bool(self._queued)
 
     def report_extra(self) -> dict[str, Any]:
+        ws = self.working_set
         return {
             "admission_policy": self.settings.policy,
             **{f"admission_{k}": v for k, v in self.adm.items()},
             "admission_max_queue_depth": self.max_queue_depth,
-            "admission_max_working_set_tokens": self.max_working_set_tokens,
-            "admission_max_context_tokens": self.max_context_tokens,
+            "admission_max_working_set_tokens": ws.max_working_set_tokens if ws is not None else 0,
+            "admission_max_context_tokens": ws.max_context_tokens if ws is not None else 0,
             "admission_refused_by_step": dict(sorted(self.refused_by_step.items())),
         }

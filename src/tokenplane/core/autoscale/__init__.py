@@ -19,7 +19,8 @@ from tokenplane.core.autoscale.decision import (
 from tokenplane.core.autoscale.factory import build_autoscaler, parse_pool_spec
 from tokenplane.core.autoscale.forecast import Forecast, holt_forecast
 from tokenplane.core.autoscale.plan import plan_actions
-from tokenplane.core.autoscale.policy import ScalerState, TokenplaneScaler
+from tokenplane.core.autoscale.policy import TokenplaneScaler
+from tokenplane.core.autoscale.scaler_state import ScalerState
 from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec, RateSample
 from tokenplane.core.autoscale.tokenplane_params import TokenplaneParams
 

@@ -40,17 +40,8 @@ online, see "Learning" below; ``u`` = ``target_utilisation``):
    is sized from the cold-start time and the bursts seen within one.
    Everything is clamped to [min, max]; cold starts never take the total past max.
 
-Learning (in :meth:`TokenplaneScaler.observe`):
-
-* capacity: throughput per ready instance while saturated (most instances queueing, KV full, or
-  the TTFT SLO breached while queueing) is a measurement; so is a throughput above the estimate.
-  The spec's ``capacity_rps`` prior counts as ``capacity_prior_weight`` measurements, and its weight
-  decays by ``1 − capacity_learn_rate`` per measurement (:mod:`capacity`). When TTFT p90 is under
-  ``comfort_fraction`` of the SLO with each instance at least ``probe_load_gate`` of the estimate,
-  the estimate probes up by ``capacity_probe`` (never past the last saturated measurement), and
-  ``c`` is at least ``s / u`` (sizing below what has been seen to work is never planned);
-* burstiness: one rise sample per complete arrival bucket for each horizon, remembered with a
-  half-life of ``burst_half_life_s`` (default 2 × ``stabilisation_s``) (:mod:`burst`).
+Learning (:func:`.learning.learn`, from :meth:`TokenplaneScaler.observe`): capacity per instance
+(:mod:`capacity`) and burstiness (:mod:`burst`), each from what the pool measures; see :mod:`.learning`.
 
 Params (all optional): ``target_utilisation`` 0.75, ``scale_down_hysteresis`` 0.1, ``queue_drain_s``
 30, ``slo_target`` 0.95, ``slo_gain`` 2, ``slo_step_interval_s`` 60, ``slo_load_gate`` 0.5,
@@ -83,34 +74,19 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import msgspec
-
 from tokenplane.core.autoscale.base import AUTOSCALERS
-from tokenplane.core.autoscale.burst import BurstMemory, RiseSample, fall_sample, rise_sample
-from tokenplane.core.autoscale.capacity import DEFAULT_KV_SATURATED, CapacityEstimate
 from tokenplane.core.autoscale.decision import ActionKind, Needs, ScaleDecision, ScaleReason
 from tokenplane.core.autoscale.evidence import cancellable_warming, queue_within_slo, recovered
 from tokenplane.core.autoscale.forecast import holt_forecast
+from tokenplane.core.autoscale.learning import horizons, learn
 from tokenplane.core.autoscale.plan import plan_actions
+from tokenplane.core.autoscale.scale_down import record_decision, scale_down
+from tokenplane.core.autoscale.scaler_state import ScalerState as ScalerState
 from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec
 from tokenplane.core.autoscale.tokenplane_params import TokenplaneParams, read_params
 from tokenplane.core.registry import BuildContext, register
 
 _EPS = 1e-9
-
-
-class ScalerState(msgspec.Struct, frozen=True):
-    """Everything the tokenplane scaler remembers; replaced (never mutated) by observe/commit."""
-
-    last_scale_up_s: float | None = None
-    recommendations: tuple[tuple[float, int], ...] = ()  # (decided at, scale-down recommendation)
-    capacity_rps: CapacityEstimate = CapacityEstimate()
-    capacity_tps: CapacityEstimate = CapacityEstimate()
-    burst_activation: BurstMemory = BurstMemory()  # rises within warm activation + one interval
-    burst_cold: BurstMemory = BurstMemory()  # rises within a cold start + one interval
-    safe_rps: float | None = None  # most req/s per instance served with comfortable latency
-    first_decision_s: float | None = None
-    last_asked: int | None = None  # serving + warm the previous decision asked for
 
 
 def _ceil(x: float) -> int:
@@ -133,126 +109,14 @@ class TokenplaneScaler:
 
     # -- state changes -------------------------------------------------------------------------
 
-    def _horizons(self, spec: PoolSpec) -> tuple[float, float]:
-        """(activation, cold) horizons: how long until capacity asked for now can serve."""
-        step = self.params.decision_interval_s
-        return spec.warm_activation_s + step, spec.cold_start_s + step
-
     def observe(self, signal: PoolSignal, spec: PoolSpec) -> None:
         """Learn the burstiness of arrivals (see :mod:`burst`) and per-instance capacity from
         throughput at the observed latency (see :mod:`capacity`)."""
-        p = self.params
-        state = self._state
-        if p.learn_burstiness and signal.arrivals:
-            h_act, h_cold = self._horizons(spec)
-            half_life = p.burst_half_life_s or 2.0 * max(p.stabilisation_s, p.decision_interval_s)
-            for horizon, field in ((h_act, "burst_activation"), (h_cold, "burst_cold")):
-                sample = rise_sample(signal.arrivals, horizon)
-                if p.symmetric_bursts:
-                    fall = fall_sample(signal.arrivals, horizon)
-                    if fall is not None and (sample is None or fall.ratio > sample.ratio):
-                        sample = fall
-                    if sample is not None:  # dated at the newest bucket: one sample per bucket
-                        sample = RiseSample(signal.arrivals[-1][0], sample.level_rps, sample.peak_rps)
-                if sample is not None:
-                    memory: BurstMemory = getattr(state, field)
-                    if memory.half_life_s != half_life:
-                        memory = BurstMemory(memory.samples, half_life)
-                    state = msgspec.structs.replace(state, **{field: memory.add(sample)})
-            self._state = state
-        if not p.learn_capacity:
-            return
-        ready = sum(1 for v in signal.serving if v.ready and v.healthy)
-        if ready == 0:
-            return
-        # Saturated at the observed latency: most ready instances have a queue (a backlog stuck on
-        # a few instances says nothing of the others), KV caches nearly full, or the TTFT SLO
-        # breached while they queue. Then throughput per instance measures capacity.
-        queueing = sum(1 for v in signal.serving if v.ready and v.healthy and v.waiting > 0)
-        slo_breach = (
-            spec.ttft_slo_s is not None
-            and signal.ttft_p90_s is not None
-            and signal.ttft_p90_s > spec.ttft_slo_s
-        )
-        # latency_queues: a backlog served within the SLO (queue_within_slo) is not saturation.
-        queue_counts = not (p.latency_queues and queue_within_slo(signal, spec, p))
-        saturated = (
-            (2 * queueing >= ready and signal.backlog >= ready and queue_counts)
-            or signal.mean_kv_usage >= DEFAULT_KV_SATURATED
-            or (slo_breach and 2 * queueing >= ready)
-        )
-        if signal.throughput_rps is not None:
-            per_instance = signal.throughput_rps / ready
-            served = per_instance
-            current = state.capacity_rps.get(spec.capacity_rps, bound=p.capacity_bound)
-            # Latency evidence: the pool met the TTFT SLO with room to spare (p90 under
-            # comfort_fraction of it) while each instance carried at least probe_load_gate of its
-            # estimated capacity: capacity is probably above the estimate, so the estimate probes
-            # upward by capacity_probe, but never past the last saturated measurement (what the
-            # pool did at its limit). A saturated window (below) pulls it back.
-            comfortable = (
-                not saturated
-                and (not p.latency_queues or signal.backlog < ready)  # a queue: served is the measure
-                and spec.ttft_slo_s is not None
-                and signal.ttft_p90_s is not None
-                and signal.ttft_p90_s <= p.comfort_fraction * spec.ttft_slo_s
-                and (signal.ttft_attainment is None or signal.ttft_attainment >= p.slo_target)
-                and per_instance >= p.probe_load_gate * current
-            )
-            if comfortable:
-                state = msgspec.structs.replace(state, safe_rps=max(per_instance, state.safe_rps or 0.0))
-                probe = current * (1.0 + p.capacity_probe)
-                ceiling = state.capacity_rps.ceiling
-                if ceiling is not None:
-                    probe = min(probe, max(ceiling, current))
-                per_instance = max(per_instance, probe)
-            est = state.capacity_rps.observe(
-                per_instance,
-                saturated=saturated,
-                prior=spec.capacity_rps,
-                rate=p.capacity_learn_rate,
-                bound=p.capacity_bound,
-                prior_weight=p.capacity_prior_weight,
-            )
-            if p.capacity_lower_bounds and not saturated and est.value is not None and served > est.value:
-                # Served without saturating: capacity is at least this. A bound, not a noisy sample
-                # to average with a rough prior (the average would keep the prior's error for
-                # minutes); the probe above stays a step, not a bound.
-                top = spec.capacity_rps * p.capacity_bound
-                est = msgspec.structs.replace(est, value=min(top, served))
-            state = msgspec.structs.replace(state, capacity_rps=est)
-        if signal.throughput_tps is not None and spec.capacity_tokens_per_s is not None:
-            est = state.capacity_tps.observe(
-                signal.throughput_tps / ready,
-                saturated=saturated,
-                prior=spec.capacity_tokens_per_s,
-                rate=p.capacity_learn_rate,
-                bound=p.capacity_bound,
-                prior_weight=p.capacity_prior_weight,
-            )
-            state = msgspec.structs.replace(state, capacity_tps=est)
-        self._state = state
+        self._state = learn(self._state, self.params, signal, spec)
 
     def commit(self, decision: ScaleDecision, *, now: float) -> None:
         """Record a decision that the shell carried out: cooldown clock and stabilisation window."""
-        # Kept for the longest window decide() may read (window_from_cold_start: a cold start).
-        horizon = now - (
-            max(self.params.stabilisation_s, 3600.0)
-            if self.params.window_from_cold_start
-            else self.params.stabilisation_s
-        )
-        recs = tuple(r for r in self._state.recommendations if r[0] > horizon and r[0] <= now)
-        last_up = self._state.last_scale_up_s
-        if decision.target_serving > decision.current_serving:
-            last_up = now
-        first = self._state.first_decision_s
-        self._state = msgspec.structs.replace(
-            self._state,
-            recommendations=(*recs, (now, decision.recommendation)),
-            last_scale_up_s=last_up,
-            first_decision_s=now if first is None else first,
-            last_asked=decision.target_serving + decision.target_warm,
-        )
+        self._state = record_decision(self._state, self.params, decision, now=now)
 
     # -- the decision (pure) -------------------------------------------------------------------
 
@@ -313,7 +177,7 @@ class TokenplaneScaler:
             # A rise shorter than the TTFT budget allows can queue: capacity c over a horizon H
             # absorbs a peak r when the backlog (r - c) H drains within the SLO S, i.e. c >= r H /
             # (H + S). Applied to the rise above today's level only.
-            h_act, h_cold = self._horizons(spec)
+            h_act, h_cold = horizons(spec, p.decision_interval_s)
             level = fc_act.level_rps
             serve_rps = max(level, serve_rps * h_act / (h_act + spec.ttft_slo_s))
             remembered_rps = remembered_rps * h_act / (h_act + spec.ttft_slo_s)
@@ -446,7 +310,7 @@ class TokenplaneScaler:
         else:
             recommendation = min(max(lasting, lo), hi)
             floor = min(max(raw_down, lo), hi)
-            target, reason, note = self._scale_down(n, floor, raw_up, spec, now)
+            target, reason, note = scale_down(self._state, p, n, floor, raw_up, spec, now)
             tight = (
                 spec.ttft_slo_s is not None
                 and signal.ttft_p90_s is not None
@@ -511,42 +375,6 @@ class TokenplaneScaler:
             needs=needs,
             note=note,
         )
-
-    def _scale_down(
-        self, n: int, floor: int, raw_up: int, spec: PoolSpec, now: float
-    ) -> tuple[int, ScaleReason, str]:
-        p = self.params
-        lo, hi = spec.min_instances, spec.max_instances
-        if n > hi:
-            return hi, ScaleReason.AT_MAX, f"serving {n} > max {hi}"
-        if n < lo:
-            return lo, ScaleReason.AT_MIN, f"serving {n} < min {lo}"
-        if floor >= n:
-            if raw_up < lo and n == lo:
-                return n, ScaleReason.AT_MIN, f"need {raw_up} < min {lo}"
-            return n, ScaleReason.STEADY, "need met"
-        last_up = self._state.last_scale_up_s
-        cooldown, stab = p.cooldown_s, p.stabilisation_s
-        if p.window_from_cold_start:
-            # Released capacity takes a cold start (plus a decision) to come back: hold what the
-            # last such span asked for, no longer; and decide no shrink before one span is seen.
-            cooldown = stab = spec.cold_start_s + p.decision_interval_s
-            first = self._state.first_decision_s
-            if first is None or now - first < stab:
-                return n, ScaleReason.COOLDOWN, f"first {stab:.0f}s: no evidence to shrink on yet"
-        if last_up is not None and now - last_up < cooldown:
-            return (
-                n,
-                ScaleReason.COOLDOWN,
-                f"scale-up {now - last_up:.0f}s ago < cooldown {cooldown:.0f}s",
-            )
-        window = [r for t, r in self._state.recommendations if now - stab < t <= now]
-        stabilised = max([floor, *window])
-        if stabilised >= n:
-            return n, ScaleReason.COOLDOWN, f"stabilisation window holds {stabilised}"
-        step = max(1, math.floor(n * p.scale_down_step_fraction))
-        target = max(stabilised, lo, n - step)
-        return target, ScaleReason.OVERPROVISIONED, f"need {stabilised} over {stab:.0f}s < {n}"
 
     @staticmethod
     def _note(driver: ScaleReason, needs: Needs, backlog: int, attainment: float | None, kv: float) -> str:
