@@ -357,6 +357,11 @@ class EmulatedInstance:
 
     # -- engine callbacks (virtual times) ------------------------------------------------------
     def _on_admit(self, seq: Seq) -> None:
+        if seq.record.preemptions:
+            # vLLM records a preempted request's new lookup apart (``PrefixCacheStats.record(...,
+            # preempted=True)``: ``preempted_queries`` / ``preempted_hits``), out of the
+            # prefix-cache counters, and its ``cached_tokens`` stays what the first admission found
+            return
         m = self.metrics
         m.prefix_queries.inc(seq.prompt)
         pending = self._reqs.get(seq.uid)
@@ -367,7 +372,7 @@ class EmulatedInstance:
         if self.kv_transfer is not None:
             self.kv_transfer.metrics.external_queries.inc(seq.prompt - (seq.computed - external))
             self.kv_transfer.metrics.external_hits.inc(external)
-        if pending is not None and pending.n == 0:
+        if pending is not None:
             pending.cached_tokens = seq.computed
 
     def _on_preempt(self, seq: Seq) -> None:
