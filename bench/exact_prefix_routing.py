@@ -24,7 +24,8 @@ tokens: ``index_vs_arrival``, the prediction minus what the engine's cache held 
 when the request reached it (the index lagging the events, and blocks evicted while the request
 travelled: an emulated step is 1 ms of wall time at ``--speed 20``, shorter than the hop, where a
 GPU step is tens of ms); ``evicted_while_queued`` / ``evicted_at_admission``, blocks evicted between
-its arrival and its admission, for requests that found other requests waiting / none (vLLM's LRU
+its arrival and its admission, net of blocks a request ahead cached meanwhile (negative when those
+are more), for requests that found other requests waiting / none (vLLM's LRU
 evicts a waiting request's unreferenced prefix blocks for the running ones: nothing the events can
 foresee). ``--kv-tokens`` sets each emulator's KV cache (5000 gives evictions and queues).
 
