@@ -18,6 +18,17 @@ Printed per mode: the engines' own prefix-hit ratio (``vllm:prefix_cache_hits_to
 predicted hit ratio (the cached tokens it matched on the instance it chose, capped as vLLM caps a
 hit: the last prompt token is always computed, so at most ``(prompt - 1) // 16`` blocks).
 
+``--explain`` (exact mode) says where the two part, request by request (a decision paired with
+the request that reaches the instance by instance and prompt length), in shares of the prompt
+tokens: ``index_vs_arrival``, the prediction minus what the engine's cache held of the prompt
+when the request reached it (the index lagging the events, and blocks evicted while the request
+travelled: an emulated step is 1 ms of wall time at ``--speed 20``, shorter than the hop, where a
+GPU step is tens of ms); ``evicted_while_queued`` / ``evicted_at_admission``, blocks evicted between
+its arrival and its admission, net of blocks a request ahead cached meanwhile (negative when those
+are more), for requests that found other requests waiting / none (vLLM's LRU
+evicts a waiting request's unreferenced prefix blocks for the running ones: nothing the events can
+foresee). ``--kv-tokens`` sets each emulator's KV cache (5000 gives evictions and queues).
+
     python tests/support/tiny_tokenizer.py /tmp/tok-tiny
     python bench/exact_prefix_routing.py --tokenizer /tmp/tok-tiny --json
     python bench/exact_prefix_routing.py --tokenizer /tmp/tok-tiny --seed 2
@@ -32,6 +43,7 @@ import json
 import random
 import socket
 import sys
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +61,65 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class Explain:
+    """``--explain``: each exact decision's prediction, the engine's cache when the request arrives,
+    and the hit it finds when admitted (first admission), on the in-process emulators."""
+
+    def __init__(self) -> None:
+        self.decided: dict[tuple[str, int], deque[int]] = {}
+        self.arrived: dict[tuple[str, int], tuple[int, int, bool]] = {}
+        self.totals = dict.fromkeys(("prompt", "predicted", "arrival", "admitted", "lost_queued"), 0)
+
+    def decision(self, instance_id: str, prompt: int, predicted: int) -> None:
+        self.decided.setdefault((instance_id, prompt), deque()).append(predicted)
+
+    def attach(self, inst: Any) -> None:
+        engine, submit, on_admit = inst.engine, inst.submit, inst.engine.on_admit
+
+        def arrive(request_id: str, prompt: int, hashes: tuple[int, ...], *a: Any, **k: Any) -> Any:
+            held = engine.kv.match(hashes, (prompt - 1) // BLOCK) * BLOCK
+            queued = bool(engine.waiting)
+            pending = submit(request_id, prompt, hashes, *a, **k)
+            waiting = self.decided.get((engine.id, prompt))
+            if waiting and pending.seq is not None:
+                self.arrived[(engine.id, pending.seq.uid)] = (waiting.popleft(), held, queued)
+            return pending
+
+        def admit(seq: Any) -> None:
+            row = self.arrived.pop((engine.id, seq.uid), None)
+            if row is not None and not seq.record.preemptions:
+                t = self.totals
+                t["prompt"] += seq.spec.prompt_tokens
+                t["predicted"] += row[0]
+                t["arrival"] += row[1]
+                t["admitted"] += seq.computed
+                if row[2]:
+                    t["lost_queued"] += row[1] - seq.computed
+            on_admit(seq)
+
+        inst.submit = arrive
+        engine.on_admit = admit
+
+    def report(self) -> dict[str, float]:
+        t = self.totals
+        p = t["prompt"] or 1
+        lost = t["arrival"] - t["admitted"]
+        return {
+            "paired_prompt_tokens": t["prompt"],
+            "predicted": t["predicted"] / p,
+            "index_vs_arrival": (t["predicted"] - t["arrival"]) / p,
+            "evicted_while_queued": t["lost_queued"] / p,
+            "evicted_at_admission": (lost - t["lost_queued"]) / p,
+            "admitted": t["admitted"] / p,
+        }
+
+
 class Recorder:
     """Wraps the model's router: what the gateway predicted for each routed request."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, explain: Explain | None = None) -> None:
         self.inner = inner
+        self.explain = explain
         self.predicted = 0
         self.prompt = 0
         self.reasons: dict[str, int] = {}
@@ -67,8 +133,11 @@ class Recorder:
         exact = request.cached_prefix_tokens
         if exact is not None and d.instance_id is not None:
             cap = (request.prompt_tokens - 1) // BLOCK * BLOCK
-            self.predicted += min(exact.get(d.instance_id, 0), cap)
+            predicted = min(exact.get(d.instance_id, 0), cap)
+            self.predicted += predicted
             self.prompt += request.prompt_tokens
+            if self.explain is not None:
+                self.explain.decision(d.instance_id, request.prompt_tokens, predicted)
         return d
 
 
@@ -99,7 +168,7 @@ async def run(mode: str, a: argparse.Namespace) -> dict[str, Any]:
     import openai
     from tiny_model import sample_text
 
-    from tokenplane.emulator import EmulatorSettings, start_emulator
+    from tokenplane.emulator import EmulatorSettings, instance_of, start_emulator
     from tokenplane.gateway import create_app, hash_key, parse_config
     from tokenplane.gateway.app import GATEWAY_KEY
     from tokenplane.gateway.server import GatewayServer
@@ -111,6 +180,7 @@ async def run(mode: str, a: argparse.Namespace) -> dict[str, Any]:
     if mode == "exact":
         model["tokenizer"] = {"path": str(a.tokenizer)}
     runners, urls = [], []
+    explain = Explain() if a.explain and mode == "exact" else None
     for i, ep in enumerate(endpoints):
         s = EmulatorSettings(
             served_model_name="emu", speed=a.speed, fixed_step_s=0.02, kv_capacity_tokens=a.kv_tokens,
@@ -118,6 +188,8 @@ async def run(mode: str, a: argparse.Namespace) -> dict[str, Any]:
             seed=a.seed,
         )  # fmt: skip
         runner, url = await start_emulator(s)
+        if explain is not None:
+            explain.attach(instance_of(runner.app))
         runners.append(runner)
         urls.append(url)
     raw: dict[str, Any] = {
@@ -143,7 +215,7 @@ async def run(mode: str, a: argparse.Namespace) -> dict[str, Any]:
         server = GatewayServer(app, "127.0.0.1", 0)
         await server.start()
         served = next(m for m in app[GATEWAY_KEY].catalog.models if m.name == MODEL)
-        recorder = Recorder(served.router)
+        recorder = Recorder(served.router, explain)
         served.router = recorder
         servers.append(server)
         recorders.append(recorder)
@@ -202,6 +274,8 @@ async def run(mode: str, a: argparse.Namespace) -> dict[str, Any]:
     prompt = sum(rec.prompt for rec in recorders)
     if prompt:
         out["gateway_predicted_hit_ratio"] = sum(rec.predicted for rec in recorders) / prompt
+    if explain is not None:
+        out["explain"] = explain.report()
     return out
 
 
@@ -221,6 +295,7 @@ def main() -> None:
     p.add_argument("--speed", type=float, default=20.0)
     p.add_argument("--think-s", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--explain", action="store_true", help="exact mode: where prediction and hits part")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     results = [asyncio.run(run(mode, a)) for mode in ("approximate", "exact")]
@@ -245,6 +320,8 @@ def main() -> None:
         if "gateway_predicted_hit_ratio" in r:
             line += f", gateway predicted {r['gateway_predicted_hit_ratio']:.4f}"
         print(line + f" ({r['requests']} requests, {r['errors']} errors; {r['reasons']})")
+        if "explain" in r:
+            print("             " + ", ".join(f"{k} {v:.4g}" for k, v in r["explain"].items()))
     print(
         f"exact - approximate (engines): {summary['exact_vs_approximate_engine_hits']:+.4f}; "
         f"predicted / engines - 1: {summary['predicted_vs_engine_relative']:+.2%}"

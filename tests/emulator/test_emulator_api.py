@@ -234,9 +234,12 @@ def test_metrics_expose_vllm_names(emu: SimpleNamespace) -> None:
 
 
 def test_kv_pressure_preempts_and_reports(emu: SimpleNamespace) -> None:
-    async def one(e: Any, i: int) -> int:
+    """Preempted requests are recomputed; as vLLM counts them, their new lookups are not prefix-cache
+    queries again (vLLM records them apart, as ``preempted_queries``): one query per request."""
+
+    async def one(e: Any, i: int) -> tuple[int, int]:
         r = await e.client.completions.create(model=emu.MODEL, prompt=f"{i} " + "z" * 400, max_tokens=120)
-        return int(r.usage.completion_tokens)
+        return int(r.usage.completion_tokens), int(r.usage.prompt_tokens)
 
     async def body(e: Any) -> None:
         task = asyncio.gather(*(one(e, i) for i in range(6)))
@@ -245,9 +248,11 @@ def test_kv_pressure_preempts_and_reports(emu: SimpleNamespace) -> None:
             m = await e.metrics()
             seen_waiting = max(seen_waiting, m["vllm:num_requests_waiting"])
             await asyncio.sleep(0.005)
-        assert await task == [120] * 6
+        done = await task
+        assert [c for c, _ in done] == [120] * 6
         m = await e.metrics()
         assert m["vllm:num_preemptions_total"] > 0 and seen_waiting > 0
+        assert m["vllm:prefix_cache_queries_total"] == sum(p for _, p in done)
         assert m["vllm:request_queue_time_seconds_sum"] > 0
         assert m["vllm:kv_cache_usage_perc"] == 0.0 and m["vllm:num_requests_running"] == 0
 

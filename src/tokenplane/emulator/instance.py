@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from tokenplane.core.views import RequestInfo
 from tokenplane.emulator.faults import Faults
+from tokenplane.emulator.kv_events import JournaledKVCache
 from tokenplane.emulator.kv_transfer import KvTransfer, KvTransferConfig, KvTransferMetrics
 from tokenplane.emulator.metrics import VllmMetrics
 from tokenplane.emulator.realtime import RealtimeClock
@@ -108,10 +109,17 @@ class ScaledStepTimes:
 
 
 class _Engine(ContinuousEngine):
-    """The twin's engine plus two observation hooks vLLM's metrics need (no behaviour change)."""
+    """The twin's engine plus observation hooks (no behaviour change): two that vLLM's metrics
+    need, and one after each step is planned (vLLM publishes its KV events once a step)."""
 
     on_admit: Callable[[Seq], None]
     on_preempt: Callable[[Seq], None]
+    on_plan: Callable[[], None] | None = None
+
+    def _plan(self, now: float) -> None:
+        super()._plan(now)
+        if self.on_plan is not None:
+            self.on_plan()
 
     def _plan_step(self, now: float, force: bool = False) -> bool:
         before = set(self.prefilling)
@@ -230,6 +238,9 @@ class EmulatedInstance:
         )
         engine.on_admit = self._on_admit
         engine.on_preempt = self._on_preempt
+        if settings.kv_events_endpoint:  # the events need each block the cache stores and evicts
+            kv = engine.kv
+            engine.kv = JournaledKVCache(kv.total_blocks, kv.block_size, prefix_caching=kv.prefix_caching)
         self.engine = engine
         self.kv_transfer: KvTransfer | None = None
         if settings.kv_transfer is not None:
@@ -346,6 +357,11 @@ class EmulatedInstance:
 
     # -- engine callbacks (virtual times) ------------------------------------------------------
     def _on_admit(self, seq: Seq) -> None:
+        if seq.record.preemptions:
+            # vLLM records a preempted request's new lookup apart (``PrefixCacheStats.record(...,
+            # preempted=True)``: ``preempted_queries`` / ``preempted_hits``), out of the
+            # prefix-cache counters, and its ``cached_tokens`` stays what the first admission found
+            return
         m = self.metrics
         m.prefix_queries.inc(seq.prompt)
         pending = self._reqs.get(seq.uid)
@@ -356,7 +372,7 @@ class EmulatedInstance:
         if self.kv_transfer is not None:
             self.kv_transfer.metrics.external_queries.inc(seq.prompt - (seq.computed - external))
             self.kv_transfer.metrics.external_hits.inc(external)
-        if pending is not None and pending.n == 0:
+        if pending is not None:
             pending.cached_tokens = seq.computed
 
     def _on_preempt(self, seq: Seq) -> None:

@@ -10,15 +10,19 @@ blocks (16 tokens, chained as :func:`~tokenplane.gateway.kv_events.chain_keys` c
 it: a ZMQ PUB socket CONNECTS to the endpoint (BINDS it when it has a wildcard, ``tcp://*:PORT``,
 as vLLM does, so that several gateways can connect) and sends ``[topic, seq (8 bytes, big-endian),
 msgpack KVEventBatch]``, with ``BlockStored`` (one per block, its parent's hash and its 16 token
-ids, parents before children) and ``BlockRemoved``. The engine (the twin's) has no eviction hook,
-so the publisher diffs the cache's blocks against what it has published, every ``interval_s``
-(10 ms of wall time) after a step: an event lags the engine by at most that.
+ids) and ``BlockRemoved`` (one per evicted block), in the order the cache changed. As vLLM's
+scheduler does (it takes the KV cache manager's events once per step and publishes them as one
+batch), the batch goes out every engine step that changed the cache, as soon as the step is
+planned: the engine's cache (:class:`JournaledKVCache`) notes each block it caches and evicts, so
+an eviction is on the wire before the next request can be admitted (a timer that diffed the
+cache every 10 ms of wall time let a gateway route on blocks evicted up to ten emulated steps
+earlier).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -27,6 +31,7 @@ import msgspec
 from aiohttp import web
 
 from tokenplane.gateway.kv_events import chain_keys
+from tokenplane.sim.kvcache import KVCache
 
 BLOCK = 16  # the emulator's engine block (instance.BLOCK_TOKENS)
 
@@ -58,12 +63,38 @@ class _Batch(msgspec.Struct, array_like=True):
 _encode = msgspec.msgpack.Encoder().encode
 
 
-class KvEventPublisher:
-    """Publishes an engine's cached blocks as vLLM's KV events (see the module docstring)."""
+class JournaledKVCache(KVCache):
+    """The engine's KV cache, noting in order each block it caches (``True, hash``) and evicts
+    (``False, hash``): what vLLM's block pool queues as ``BlockStored`` / ``BlockRemoved``."""
 
-    def __init__(
-        self, endpoint: str, topic: str = "kv", interval_s: float = 0.01, max_known: int = 1 << 20
-    ) -> None:
+    __slots__ = ("journal",)
+
+    def __init__(self, total_blocks: int, block_size: int, *, prefix_caching: bool = True) -> None:
+        super().__init__(total_blocks, block_size, prefix_caching=prefix_caching)
+        self.journal: list[tuple[bool, int]] = []
+
+    def register(self, h: int, nblocks: int) -> None:
+        new = self.prefix_caching and h not in self.entries
+        super().register(h, nblocks)
+        if new:
+            self.journal.append((True, h))
+
+    def _evict(self, need: int) -> None:
+        lru = self.lru
+        head = list(itertools.islice(lru, need))  # every entry holds a block at least: the evicted
+        before = len(lru)
+        super()._evict(need)
+        self.journal.extend((False, h) for h in head[: before - len(lru)])
+
+    def take_journal(self) -> list[tuple[bool, int]]:
+        journal, self.journal = self.journal, []
+        return journal
+
+
+class KvEventPublisher:
+    """Publishes an engine's cache changes as vLLM's KV events (see the module docstring)."""
+
+    def __init__(self, endpoint: str, topic: str = "kv", max_known: int = 1 << 20) -> None:
         import zmq
 
         self._ctx = zmq.Context()
@@ -74,12 +105,11 @@ class KvEventPublisher:
         else:
             self._sock.connect(endpoint)
         self.topic = topic.encode()
-        self.interval_s = interval_s
         self.max_known = max_known
-        self._known: dict[int, tuple[int | None, tuple[int, ...], int]] = {}  # hash -> parent, ids, depth
+        self._known: dict[int, tuple[int | None, tuple[int, ...]]] = {}  # hash -> parent, ids
         self._published: set[int] = set()
         self._seq = 0
-        self._kv: object | None = None
+        self._kv: JournaledKVCache | None = None
         self.sent_stored = self.sent_removed = 0
 
     def note(self, ids: Sequence[int], hashes: Sequence[int]) -> None:
@@ -88,7 +118,7 @@ class KvEventPublisher:
         parent: int | None = None
         for depth, h in enumerate(hashes):
             if h not in known:
-                known[h] = (parent, tuple(ids[depth * BLOCK : (depth + 1) * BLOCK]), depth)
+                known[h] = (parent, tuple(ids[depth * BLOCK : (depth + 1) * BLOCK]))
             parent = h
         if len(known) > self.max_known:  # forget the oldest notes that were never cached
             for h in list(known)[: len(known) - self.max_known]:
@@ -103,40 +133,30 @@ class KvEventPublisher:
             self._sock.send_multipart([self.topic, self._seq.to_bytes(8, "big"), payload], flags=zmq.NOBLOCK)
         self._seq += 1
 
-    def publish(self, kv: Any) -> None:
-        """Send what changed in ``kv`` (the engine's :class:`~tokenplane.sim.kvcache.KVCache`)."""
-        entries: Mapping[int, Any] = kv.entries
+    def publish(self, kv: JournaledKVCache) -> None:
+        """Send what changed in ``kv`` since the last call, in order, as one batch (none if nothing
+        did); a different cache than last time (the engine lost its cache) is ``AllBlocksCleared``."""
         events: list[Any] = []
+        published = self._published
         if kv is not self._kv:
             if self._kv is not None:
                 events.append(_Cleared())
-                self._published.clear()
+                published.clear()
             self._kv = kv
-        published = self._published
-        gone = [h for h in published if h not in entries]
-        if gone:
-            events.append(_Removed(gone))
-            published.difference_update(gone)
-            self.sent_removed += len(gone)
         known = self._known
-        new = [h for h in entries if h not in published and h in known]
-        new.sort(key=lambda h: known[h][2])  # parents first
-        for h in new:
-            parent, ids, _ = known[h]
-            events.append(_Stored([h], parent, list(ids), BLOCK))
-            published.add(h)
-        self.sent_stored += len(new)
+        for stored, h in kv.take_journal():
+            if stored:
+                note = known.get(h)
+                if note is not None and h not in published:
+                    events.append(_Stored([h], note[0], list(note[1]), BLOCK))
+                    published.add(h)
+                    self.sent_stored += 1
+            elif h in published:
+                events.append(_Removed([h]))
+                published.discard(h)
+                self.sent_removed += 1
         if events:
             self._send(events)
-
-    async def run(self, engine: Any) -> None:
-        steps = -1
-        while True:
-            await asyncio.sleep(self.interval_s)
-            now_steps = engine.record.steps
-            if now_steps != steps or engine.kv is not self._kv:
-                steps = now_steps
-                self.publish(engine.kv)
 
     def close(self) -> None:
         self._sock.close(linger=0)
@@ -193,16 +213,15 @@ async def tokenize(request: web.Request) -> web.Response:
 
 
 async def run_publisher(app: web.Application, engine: Any) -> AsyncIterator[None]:
+    """Publish ``engine``'s cache changes after every step it plans (its ``on_plan`` hook)."""
     tok = app.get(TOKENIZATION_KEY)
     pub = tok.publisher if tok is not None else None
     if pub is None:
         yield
         return
-    task = asyncio.create_task(pub.run(engine), name="kv-events-publisher")
+    engine.on_plan = lambda: pub.publish(engine.kv)
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        engine.on_plan = None
         pub.close()
