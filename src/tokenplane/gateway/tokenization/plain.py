@@ -162,7 +162,7 @@ class GapCuts:
     no wide gap; ``a``: an added token's first character; ``x``: any other), where every cut is
     at the middle of a ``ss``/``ns`` then ``x``, found by ``bytes.find``, and a ``ss``/``ns``
     then ``a`` is :func:`gap_cuts`' ``None``. Instead of a Python step at each newline and
-    touching white spaces (~170 instructions a character on paragraph text), ~10 for the whole.
+    touching white spaces (~170 instructions a character on paragraph text), ~50.
 
     Where that is not the same as :func:`gap_cuts` (a non-ASCII text with a non-ASCII white space,
     or added tokens with a non-ASCII or ``?`` first character) it calls :func:`gap_cuts`."""
