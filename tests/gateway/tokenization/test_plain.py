@@ -19,6 +19,7 @@ from tokenplane.gateway.tokenization.encoder import _added_tokens, _ranks
 from tokenplane.gateway.tokenization.plain import (
     _WIDE_GAP,
     CUT_EXACT,
+    GapCuts,
     cut_flag,
     cut_marker,
     encode_cut,
@@ -113,3 +114,32 @@ def test_the_parts_plain_pieces_are_the_texts_lookahead_pieces(pattern: str, tex
     assert cuts is not None
     parts = [text[a:b] for a, b in itertools.pairwise([0, *cuts, len(text)])]
     assert [piece for part in parts for piece in regex.findall(plain, part)] == regex.findall(pattern, text)
+
+
+_FIRSTS = ["<", "<[", "é<", "<?", "a<", "日"]
+
+
+@pytest.mark.parametrize("newline_ends", [False, True])
+@pytest.mark.parametrize("firsts", _FIRSTS)
+@settings(max_examples=400, deadline=None)
+@given(data=st.data())
+def test_gap_cuts_in_c_are_gap_cuts(newline_ends: bool, firsts: str, data: st.DataObject) -> None:
+    """:class:`GapCuts` (bytes translated to classes, searched in C) finds what :func:`gap_cuts`
+    finds, ``None`` included: on ASCII and non-ASCII texts, with and without non-ASCII white
+    spaces, added tokens whose first character is ``?`` or not ASCII, runs ending in newlines."""
+    added = ["<|im_end|>", "<[x]>", "é!", "<?>", "a!", "日本"]
+    some = st.text(alphabet=_GAPS + "ab<?é日", max_size=30)
+    text = data.draw(_pieces([t for t in added if t[0] in firsts]) | some)
+    assert GapCuts(newline_ends, firsts)(text) == gap_cuts(text, newline_ends, firsts)
+
+
+def test_gap_cuts_in_c_on_paragraphs() -> None:
+    text = "One line here.\n\nThen  two spaces and\n    indented code.\n  \nx"
+    assert GapCuts(False, "<")(text) == [15, 21, 40, 58]
+    assert GapCuts(True, "<")(text) == [21, 40]
+    assert GapCuts(False, "<")("a  <|im_end|>") is None
+    assert GapCuts(False, "<")("no gap\n\n") == []
+    assert GapCuts(False, "<")("caf\xe9  au lait\n\nx") == [5, 14]  # (non-ASCII: written "?")
+    assert GapCuts(False, "<")("nbsp\xa0 here  x") == [5, 11]  # (a non-ASCII white space: gap_cuts)
+    with pytest.raises(ValueError):
+        GapCuts(False, " <")

@@ -47,10 +47,10 @@ from tokenizers import Tokenizer
 
 from tokenplane.gateway.tokenization.plain import GPT2_PATTERN as GPT2_PATTERN
 from tokenplane.gateway.tokenization.plain import (
+    GapCuts,
     cut_flag,
     cut_marker,
     encode_cut,
-    gap_cuts,
     may_have_wide_gap,
     plain_pattern,
 )
@@ -140,7 +140,7 @@ class TiktokenEncoder:
     ``plain``: the same encoding with :func:`plain_pattern`'s pattern, used for a text without a
     :data:`_WIDE_GAP` (the same ids, checked on the probe too); its ids come as one buffer, read
     into an ``array('i')`` without a Python int per id. ``cut`` (:func:`~.plain.cut_flag`): a text
-    with wide gaps is cut (:func:`~.plain.gap_cuts`) and its parts encoded with ``plain``."""
+    with wide gaps is cut (:class:`~.plain.GapCuts`) and its parts encoded with ``plain``."""
 
     name = "tiktoken"
 
@@ -156,7 +156,7 @@ class TiktokenEncoder:
         self._encoding = encoding
         self._plain = plain
         self._cut = cut if plain is not None else None
-        self._firsts = "".join(sorted({t[0] for t in added}))
+        self._gaps = None if self._cut is None else GapCuts(self._cut, "".join({t[0] for t in added}))
         self._marker = cut_marker(added)
         self._added = frozenset(added)
         self._added_ids = frozenset(added.values())
@@ -168,8 +168,8 @@ class TiktokenEncoder:
     def _ids(self, text: str) -> Sequence[int]:
         plain = self._plain
         if plain is not None:
-            cut = self._cut
-            cuts = gap_cuts(text, cut, self._firsts) if cut is not None else None
+            gaps = self._gaps
+            cuts = gaps(text) if gaps is not None else None
             try:
                 if cuts:
                     return encode_cut(plain, text, cuts, self._added, self._marker)
