@@ -16,7 +16,7 @@ from tokenplane.emulator.kv_events import JournaledKVCache
 from tokenplane.sim.kvcache import KVCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-from emulator_process import free_port
+from ports import free_port
 from tiny_model import sample_text
 from tiny_tokenizer import make_tokenizer_folder
 

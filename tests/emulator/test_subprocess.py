@@ -9,7 +9,8 @@ import sys
 import aiohttp
 import openai
 import pytest
-from emulator_process import free_port, wait_ready
+from emulator_process import wait_ready
+from ports import free_port
 
 MODEL = "emu-8b"
 

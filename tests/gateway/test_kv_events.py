@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from emulator_process import free_port
+from ports import free_port
 
 from tokenplane.gateway.config import InstanceConfig, KvEventsConfig
 from tokenplane.gateway.kv_events import (

@@ -338,7 +338,7 @@ async def test_a_killed_replicas_slots_come_back_within_the_lease(
 
     import aiohttp
     import yaml
-    from redis_server import free_port
+    from ports import free_port
 
     ups = await upstreams(1)
     ups[0].answer_delay_s = 30.0

@@ -30,7 +30,8 @@ SUPPORT = REPO / "tests" / "support"
 sys.path.insert(0, str(SUPPORT))
 
 from patience import Patience  # noqa: E402
-from vllm_server import VllmEndpoint, VllmProcess, free_port, start_vllm  # noqa: E402
+from ports import free_port  # noqa: E402
+from vllm_server import VllmEndpoint, VllmProcess, start_vllm  # noqa: E402
 
 SERVED_NAME = "tiny"
 N_INSTANCES = 2

@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-from vllm_server import free_port, start_vllm
+from ports import free_port
+from vllm_server import start_vllm
 
 from tokenplane.gateway.kv_events import KvEventsSource, KvEventsSubscriber
 

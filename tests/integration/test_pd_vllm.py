@@ -23,7 +23,8 @@ import pytest
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 sys.path.insert(0, str(SUPPORT))
 
-from vllm_server import VllmProcess, free_port, scrape_metrics, start_vllm  # noqa: E402
+from ports import free_port  # noqa: E402
+from vllm_server import VllmProcess, scrape_metrics, start_vllm  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.anyio]
 

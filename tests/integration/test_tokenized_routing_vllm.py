@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port
 from tiny_model import sample_text
-from vllm_server import free_port, scrape_metrics, start_vllm
+from vllm_server import scrape_metrics, start_vllm
 
 from tokenplane.gateway.tokenization import LocalTokenizer, RemoteTokenizer
 

@@ -1,20 +1,13 @@
-"""An emulator as a real process (``python -m tokenplane.emulator``): a free port to give it, and
-waiting until it answers ``/health``."""
+"""An emulator as a real process (``python -m tokenplane.emulator``): waiting until it answers
+``/health`` (its port: ``ports.free_port``)."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import time
 
 import aiohttp
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_ready(url: str, proc: subprocess.Popen[bytes], limit_s: float) -> None:

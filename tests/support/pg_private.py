@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import psycopg
-from redis_server import free_port
+from ports import free_port
 
 BIN = Path(os.environ.get("TOKENPLANE_PG_BIN", "/usr/lib/postgresql/15/bin"))
 

@@ -4,7 +4,6 @@ deleted after) and a private ``redis-server`` a test may kill and start again on
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import time
 import uuid
@@ -12,14 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from ports import free_port
 
 SHARED_URL = "redis://127.0.0.1:6379/0"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

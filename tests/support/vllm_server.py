@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -42,12 +41,6 @@ DEFAULT_ARGS = [
     "--enable-prompt-tokens-details",
     "--enforce-eager",
 ]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _http_ok(url: str, timeout: float = 2.0) -> bool:

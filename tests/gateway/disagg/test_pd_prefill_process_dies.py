@@ -10,7 +10,8 @@ import sys
 
 import aiohttp
 import pytest
-from emulator_process import free_port, wait_ready
+from emulator_process import wait_ready
+from ports import free_port
 
 from tokenplane.emulator.protocol import TextGen
 

@@ -19,7 +19,7 @@ pytest.importorskip("zmq")
 pytestmark = pytest.mark.anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
-from emulator_process import free_port  # noqa: E402
+from ports import free_port  # noqa: E402
 from tiny_model import sample_text  # noqa: E402
 
 

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from emulator_process import free_port
+from ports import free_port
 
 from tokenplane.gateway.app import GATEWAY_KEY, create_app
 from tokenplane.gateway.config import parse_config
