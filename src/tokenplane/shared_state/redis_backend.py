@@ -54,7 +54,7 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -72,6 +72,7 @@ from tokenplane.shared_state.quotas import (
 )
 from tokenplane.shared_state.resp import SEND_DELAY_S, RespConnection
 from tokenplane.shared_state.scripts import ACQUIRE, RELEASE, RENEW, SYNC, WORKING_SET
+from tokenplane.shared_state.state_metrics import StateMetrics
 from tokenplane.shared_state.working_set import SharedWorkingSet
 
 log = logging.getLogger(__name__)
@@ -88,28 +89,6 @@ BreakerHandler = Callable[[str, str, float], None]
 """(instance id, "open" | "closed", cooldown s) from another replica."""
 PrefixHandler = Callable[[str, str, Sequence[int]], None]
 """(model, instance id, block hashes) routed by another replica."""
-
-
-class StateMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.up = Gauge(
-            "tokenplane_state_backend_up",
-            "1 while the shared state backend (Redis) answers; 0 while this replica runs on local state",
-            registry=registry,
-        )
-        self.up.set(1)
-        self.fail_open = Counter(
-            "tokenplane_state_fail_open",
-            "Operations that fell back to local state because the shared backend was unavailable",
-            ["operation"],
-            registry=registry,
-        )
-        self.peer_events = Counter(
-            "tokenplane_state_peer_events",
-            "Breaker transitions and routing observations received from other replicas",
-            ["kind"],
-            registry=registry,
-        )
 
 
 class RedisState:
