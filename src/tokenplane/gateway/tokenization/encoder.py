@@ -48,9 +48,11 @@ from tokenizers import Tokenizer
 from tokenplane.gateway.tokenization.plain import GPT2_PATTERN as GPT2_PATTERN
 from tokenplane.gateway.tokenization.plain import (
     GapCuts,
+    GapMarks,
     cut_flag,
     cut_marker,
     encode_cut,
+    encode_marked,
     may_have_wide_gap,
     plain_pattern,
 )
@@ -158,6 +160,10 @@ class TiktokenEncoder:
         self._cut = cut if plain is not None else None
         self._gaps = None if self._cut is None else GapCuts(self._cut, "".join({t[0] for t in added}))
         self._marker = cut_marker(added)
+        self._marks: GapMarks | None = None  # (the cuts as markers in the text, in C: ASCII spacing)
+        if self._cut is not None and added and max(added.values()) <= 0x10FFFF:
+            token = min(added)
+            self._marks, self._marker_id = GapMarks(self._cut, added, token), chr(added[token])
         self._added = frozenset(added)
         self._added_ids = frozenset(added.values())
         alternatives = sorted(added, key=len, reverse=True)
@@ -168,9 +174,13 @@ class TiktokenEncoder:
     def _ids(self, text: str) -> Sequence[int]:
         plain = self._plain
         if plain is not None:
-            gaps = self._gaps
-            cuts = gaps(text) if gaps is not None else None
             try:
+                marks = self._marks
+                marked = marks(text) if marks is not None else None
+                if marked is not None and len(marked) != len(text):
+                    return encode_marked(plain, marked, self._added, self._marker_id)
+                gaps = self._gaps
+                cuts = [] if marked is not None else gaps(text) if gaps is not None else None
                 if cuts:
                     return encode_cut(plain, text, cuts, self._added, self._marker)
                 if cuts is not None or not may_have_wide_gap(text):
@@ -179,7 +189,7 @@ class TiktokenEncoder:
                         memoryview(plain._core_bpe.encode_to_tiktoken_buffer(text, self._added)).cast("B")
                     )
                     return out
-            except UnicodeEncodeError:  # lone surrogates: Encoding.encode's fix-up, below
+            except UnicodeError:  # lone surrogates: Encoding.encode's fix-up, below
                 pass
         ids: list[int] = self._encoding.encode(text, allowed_special=self._added, disallowed_special=())
         return ids
