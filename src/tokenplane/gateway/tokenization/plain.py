@@ -250,27 +250,20 @@ class GapMarks:
     starts one). The parts then encode at once, joined by the marker (:func:`encode_marked`).
 
     ``None`` (:class:`GapCuts`' way then): the text holds the marker, a tab, ``\\r``, ``\\x0b``,
-    ``\\x0c`` or a non-ASCII white space. Searching from the newline (rare in text) costs ~3
-    instructions a character; the pairs that start with a space are searched only where
-    ``str.find`` sees them."""
+    ``\\x0c`` or a non-ASCII white space. Each pair is searched for only where ``str.find`` sees
+    it (a text without wide gaps costs a few substring searches)."""
 
-    __slots__ = ("_marker", "_newline", "_space")
+    __slots__ = ("_marker", "_pairs")
 
     def __init__(self, newline_ends: bool, added: Iterable[str], marker: str) -> None:
         tokens = sorted(added, key=len, reverse=True)
         if marker not in tokens or any(c in _WS_CHARS for t in tokens for c in t):
             raise ValueError("the marker must be an added token, and none may hold a white space")
         tail = f"(?=[^{_WS}])" + (f"(?!{'|'.join(map(re.escape, tokens))})" if tokens else "")
-
-        def pair(a: str, b: str) -> tuple[Any, str]:
-            return re.compile(re.escape(a + b) + tail).sub, a + marker + b
-
         self._marker = marker
-        self._newline = [pair("\n", "\n")] if not newline_ends else []
-        self._newline.append(pair("\n", " "))
-        self._space = [("  ", *pair(" ", " "))]
-        if not newline_ends:  # (a run ending in a newline is no wide gap for Llama 3's, Qwen 2's)
-            self._space.append((" \n", *pair(" ", "\n")))
+        # (a run ending in a newline is no wide gap for Llama 3's and Qwen 2's patterns)
+        pairs = ["\n ", "  "] if newline_ends else ["\n\n", "\n ", "  ", " \n"]
+        self._pairs = [(p, re.compile(re.escape(p) + tail).sub, p[0] + marker + p[1]) for p in pairs]
 
     def __call__(self, text: str) -> str | None:
         if self._marker in text or (not text.isascii() and any(c in text for c in _NON_ASCII_WS)):
@@ -278,12 +271,9 @@ class GapMarks:
         for c in _OTHER_ASCII_WS:
             if c in text:
                 return None
-        if "\n" in text:
-            for sub, rep in self._newline:
-                text = sub(rep, text)
-        for found, sub, rep in self._space:
-            if found in text:
-                text = sub(rep, text)
+        for pair, sub, marked in self._pairs:
+            if pair in text:
+                text = sub(marked, text)
         return text
 
 
