@@ -296,3 +296,23 @@ def test_cuts_only_where_they_are_exact(
         want = tok.tokenizer.encode(text, add_special_tokens=False).ids
         assert list(encoder.encode(text).ids) == want, name
     assert cut == {"tiny": False, "split": True, "qwen2": True, "other": None, "spaced": None}
+
+
+@pytest.mark.parametrize("which", ["tiny", "split"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_added_tokens_found_from_the_end_of_long_texts(
+    which: str, loaded: dict[str, LocalTokenizer], data: st.DataObject
+) -> None:
+    """Texts longer than the tail :class:`_Pieces` searches first (the last added token, then
+    earlier ones: the tail's matches, then the whole text's)."""
+    tok = loaded[which]
+    added = sorted(t.content for t in tok.tokenizer.get_added_tokens_decoder().values())
+    text = "".join(data.draw(st.lists(_text(added), min_size=20, max_size=80))) + " a" * 300
+    text = data.draw(st.sampled_from(added)).join([text[:200], text[200:], text[-100:]])
+    enc = tok.encoder.encode(text)
+    want = tok.tokenizer.encode(text, add_special_tokens=False)
+    assert list(enc.ids) == want.ids
+    for i in reversed(range(len(want.ids))):
+        if want.ids[i] in tok.added_ids:
+            assert enc.token_to_chars(i) == want.token_to_chars(i)

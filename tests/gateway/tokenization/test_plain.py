@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,11 @@ from tokenplane.gateway.tokenization.plain import (
     _WIDE_GAP,
     CUT_EXACT,
     GapCuts,
+    GapMarks,
     cut_flag,
     cut_marker,
     encode_cut,
+    encode_marked,
     gap_cuts,
     plain_pattern,
 )
@@ -143,3 +146,70 @@ def test_gap_cuts_in_c_on_paragraphs() -> None:
     assert GapCuts(False, "<")("nbsp\xa0 here  x") == [5, 11]  # (a non-ASCII white space: gap_cuts)
     with pytest.raises(ValueError):
         GapCuts(False, " <")
+
+
+@pytest.mark.parametrize("which", range(3))
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_marked_encoding_is_the_lookahead_patterns(
+    which: int, encodings: dict[str, tuple[Any, Any, frozenset[str]]], data: st.DataObject
+) -> None:
+    """:class:`GapMarks` then :func:`encode_marked`: the lookahead's pattern's ids, runs before an
+    added token (left whole) included; ``None`` only for the texts it leaves to :class:`GapCuts`."""
+    pattern = sorted(CUT_EXACT)[which]
+    slow, fast, added = encodings[pattern]
+    flag = cut_flag(pattern, added)
+    assert flag is not None
+    marker = min(added)
+    marks = GapMarks(flag, added, marker)
+    text = data.draw(_pieces(sorted(added)) | st.text(alphabet=" \n\t.a<", max_size=30))
+    marked = marks(text)
+    if marked is None:
+        assert marker in text or any(c in text for c in _GAPS if c not in " \n\x1c\x1d\x1e\x1f")
+        return
+    assert marked.replace(marker, "") == text.replace(marker, "")
+    want = slow.encode(text, allowed_special=added, disallowed_special=())
+    try:
+        got = encode_marked(fast, marked, added, chr(slow._special_tokens[marker]))
+    except UnicodeEncodeError:  # (a lone surrogate: the encoder takes the whole-text path)
+        return
+    assert list(got) == want
+    cuts = gap_cuts(text, flag, "")  # (told of no added token: every run is cut)
+    assert cuts is not None  # a marker where gap_cuts cuts, but before an added token
+    assert marked.count(marker) == sum(not text.startswith(tuple(added), q + 1) for q in cuts)
+
+
+def test_where_markers_go() -> None:
+    added = ["<|im_end|>", "</s>"]
+    text = "One line here.\n\nThen  two spaces and\n    indented code.\n  \nx"
+    want = "One line here.\n</s>\nThen </s> two spaces and\n   </s> indented code.\n  </s>\nx"
+    assert GapMarks(False, added, "</s>")(text) == want
+    assert GapMarks(True, added, "</s>")(text) == want.replace("\n</s>\n", "\n\n").replace(" </s>\n", " \n")
+    assert GapMarks(False, added, "</s>")("a  <|im_end|>b  <x") == "a  <|im_end|>b </s> <x"
+    assert GapMarks(False, added, "</s>")("a  b</s>") is None  # (the marker in the text)
+    assert GapMarks(False, added, "</s>")("a\t\tb") is None  # (tabs: GapCuts' way)
+    assert GapMarks(False, added, "</s>")("a\u3000 b") is None
+    assert GapMarks(False, added, "</s>")("é  b") == "é </s> b"
+    with pytest.raises(ValueError):
+        GapMarks(False, ["<a b>"], "<a b>")
+
+
+class _Buffer:
+    """tiktoken's plain encoding, faked: its buffer of ids, whatever the text."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self._core_bpe = self
+        self.ids = ids
+
+    def encode_to_tiktoken_buffer(self, text: str, added: Any) -> memoryview:
+        return memoryview(array("I", self.ids))
+
+
+def test_the_markers_ids_come_out_aligned() -> None:
+    """Every id the marker's is taken out, none else: ids in the surrogates' range and ids whose
+    bytes hold the marker's (misaligned) stay."""
+    ids = [300, 256, 1, 0xD800, 1, 0xDFFF, 65537, 1, 0x10FFFF]  # 300, 256: bytes 2c 01 00 00 00 01
+    got = encode_marked(_Buffer(ids), "", frozenset(), chr(1))
+    assert list(got) == [300, 256, 0xD800, 0xDFFF, 65537, 0x10FFFF]
+    with pytest.raises(UnicodeDecodeError):
+        encode_marked(_Buffer([0x110000]), "", frozenset(), chr(1))

@@ -45,15 +45,18 @@ from typing import Any, Literal, Protocol
 
 from tokenizers import Tokenizer
 
-from tokenplane.gateway.tokenization.plain import GPT2_PATTERN as GPT2_PATTERN
 from tokenplane.gateway.tokenization.plain import (
+    _WS_CHARS,
     GapCuts,
+    GapMarks,
     cut_flag,
     cut_marker,
     encode_cut,
+    encode_marked,
     may_have_wide_gap,
     plain_pattern,
 )
+from tokenplane.gateway.tokenization.plain import GPT2_PATTERN as GPT2_PATTERN
 
 log = logging.getLogger(__name__)
 assert array("i").itemsize == 4  # tiktoken's buffer is u32, read as int32 (ids < 2**31)
@@ -106,30 +109,54 @@ class _Pieces:
     """tiktoken's ids; where an added token's text lies is found when asked (:meth:`token_to_chars`
     is asked for one or two added tokens near the end, by the prefix cache)."""
 
-    __slots__ = ("_added_ids", "_spans", "_split", "_text", "ids")
+    __slots__ = ("_added_ids", "_spans", "_split", "_sync", "_text", "_whole", "ids")
 
     def __init__(
-        self, ids: Sequence[int], text: str, split: re.Pattern[str], added_ids: frozenset[int]
+        self,
+        ids: Sequence[int],
+        text: str,
+        split: re.Pattern[str],
+        added_ids: frozenset[int],
+        sync: bool = False,
     ) -> None:
         self.ids = ids
         self._text = text
         self._split = split
         self._added_ids = added_ids
+        self._sync = sync
         self._spans: list[tuple[int, int]] | None = None
+        self._whole = False
 
     def token_to_chars(self, token_index: int) -> tuple[int, int] | None:
         added = self._added_ids
         ids = self.ids
         if ids[token_index] not in added:
             return None
-        spans = self._spans
-        if spans is None:  # the added tokens' matches, in order: the k-th is the k-th added id
-            spans = self._spans = [m.span() for m in self._split.finditer(self._text)]
-        after = 0
+        after = 0  # the k-th added id from the end is the k-th added token's match from the end
         for i in range(token_index + 1, len(ids)):
             if ids[i] in added:
                 after += 1
+        spans = self._spans
+        if spans is None or (len(spans) <= after and not self._whole):
+            spans = self._spans = self._find(after + 1)
         return spans[len(spans) - 1 - after]
+
+    def _find(self, need: int) -> list[tuple[int, int]]:
+        """The added tokens' matches, in order: the last ``need`` at least (all where fewer). With
+        ``sync`` (no added token holds a white space) the search starts after a space ~512
+        characters from the end, where the whole text's search passes no match: the same matches
+        from there, without searching the whole text (~25 k instructions a request)."""
+        text, split = self._text, self._split
+        start = len(text) - _TAIL
+        if start > 0 and self._sync:
+            spans = [m.span() for m in split.finditer(text, text.rfind(" ", 0, start) + 1)]
+            if len(spans) >= need:
+                return spans
+        self._whole = True
+        return [m.span() for m in split.finditer(text)]
+
+
+_TAIL = 512
 
 
 class TiktokenEncoder:
@@ -158,7 +185,12 @@ class TiktokenEncoder:
         self._cut = cut if plain is not None else None
         self._gaps = None if self._cut is None else GapCuts(self._cut, "".join({t[0] for t in added}))
         self._marker = cut_marker(added)
+        self._marks: GapMarks | None = None  # (the cuts as markers in the text, in C: ASCII spacing)
+        if self._cut is not None and added and max(added.values()) <= 0x10FFFF:
+            token = min(added)
+            self._marks, self._marker_id = GapMarks(self._cut, added, token), chr(added[token])
         self._added = frozenset(added)
+        self._sync = not any(c.isspace() or c in _WS_CHARS for t in added for c in t)
         self._added_ids = frozenset(added.values())
         alternatives = sorted(added, key=len, reverse=True)
         self._split = re.compile("|".join(map(re.escape, alternatives)) if alternatives else "(?!)")
@@ -168,9 +200,13 @@ class TiktokenEncoder:
     def _ids(self, text: str) -> Sequence[int]:
         plain = self._plain
         if plain is not None:
-            gaps = self._gaps
-            cuts = gaps(text) if gaps is not None else None
             try:
+                marks = self._marks
+                marked = marks(text) if marks is not None else None
+                if marked is not None and len(marked) != len(text):
+                    return encode_marked(plain, marked, self._added, self._marker_id)
+                gaps = self._gaps
+                cuts = [] if marked is not None else gaps(text) if gaps is not None else None
                 if cuts:
                     return encode_cut(plain, text, cuts, self._added, self._marker)
                 if cuts is not None or not may_have_wide_gap(text):
@@ -179,13 +215,13 @@ class TiktokenEncoder:
                         memoryview(plain._core_bpe.encode_to_tiktoken_buffer(text, self._added)).cast("B")
                     )
                     return out
-            except UnicodeEncodeError:  # lone surrogates: Encoding.encode's fix-up, below
+            except UnicodeError:  # lone surrogates: Encoding.encode's fix-up, below
                 pass
         ids: list[int] = self._encoding.encode(text, allowed_special=self._added, disallowed_special=())
         return ids
 
     def encode(self, text: str) -> Encoded:
-        return _Pieces(self._ids(text), text, self._split, self._added_ids)
+        return _Pieces(self._ids(text), text, self._split, self._added_ids, self._sync)
 
     def encode_text(self, text: str) -> list[int]:
         ids = self._ids(text)

@@ -12,6 +12,7 @@ any, each then encoded with the plain pattern (:func:`encode_cut`): the same ids
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import re
 from array import array
@@ -232,4 +233,60 @@ def encode_cut(
             return out
     for a, b in itertools.pairwise(bounds):
         out.frombytes(memoryview(fast(text[a:b], added)).cast("B"))
+    return out
+
+
+_OTHER_ASCII_WS = "\t\x0b\x0c\r"
+
+
+class GapMarks:
+    """The text with ``marker`` (an added token) at each of :func:`gap_cuts`' cuts, inserted in C:
+    one ``re.sub`` a pair of white spaces (``"\\n\\n"``, ``"\\n "``, ``" \\n"``, ``"  "``) followed by
+    a non-space that starts no added token, the marker put between the two. A run is cut once,
+    before its last white space (the other pairs in it are followed by a white space or by the
+    marker, an added token). Where an added token follows, the run is not cut and needs no cut:
+    the added token is split out first, so the run ends its part for both patterns, which then
+    take it whole (:func:`gap_cuts` answers ``None`` there, not knowing whether the character
+    starts one). The parts then encode at once, joined by the marker (:func:`encode_marked`).
+
+    ``None`` (:class:`GapCuts`' way then): the text holds the marker, a tab, ``\\r``, ``\\x0b``,
+    ``\\x0c`` or a non-ASCII white space. Each pair is searched for only where ``str.find`` sees
+    it (a text without wide gaps costs a few substring searches)."""
+
+    __slots__ = ("_marker", "_pairs")
+
+    def __init__(self, newline_ends: bool, added: Iterable[str], marker: str) -> None:
+        tokens = sorted(added, key=len, reverse=True)
+        if marker not in tokens or any(c in _WS_CHARS for t in tokens for c in t):
+            raise ValueError("the marker must be an added token, and none may hold a white space")
+        tail = f"(?=[^{_WS}])" + (f"(?!{'|'.join(map(re.escape, tokens))})" if tokens else "")
+        self._marker = marker
+        # (a run ending in a newline is no wide gap for Llama 3's and Qwen 2's patterns)
+        pairs = ["\n ", "  "] if newline_ends else ["\n\n", "\n ", "  ", " \n"]
+        self._pairs = [(p, re.compile(re.escape(p) + tail).sub, p[0] + marker + p[1]) for p in pairs]
+
+    def __call__(self, text: str) -> str | None:
+        if self._marker in text or (not text.isascii() and any(c in text for c in _NON_ASCII_WS)):
+            return None
+        for c in _OTHER_ASCII_WS:
+            if c in text:
+                return None
+        for pair, sub, marked in self._pairs:
+            if pair in text:
+                text = sub(marked, text)
+        return text
+
+
+def encode_marked(plain: Any, marked: str, added: Set[str], marker_id: str) -> array[int]:
+    """The ids of :class:`GapMarks`' text by ``plain`` (:func:`plain_pattern`'s encoding), less
+    the marker's (``marker_id``: its id as a character). tiktoken's buffer is read as UTF-32
+    (one character an id, ``surrogatepass``: ids up to 0x10FFFF) and the marker's character taken
+    out by ``str.replace``: aligned by construction, in C, without a part list. The marker's id
+    comes only from the markers: the text held none, and an added token (none holds a white space)
+    cannot span one put between two white spaces. ``UnicodeEncodeError``: a lone surrogate;
+    ``UnicodeDecodeError``: an id above 0x10FFFF."""
+    buffer = plain._core_bpe.encode_to_tiktoken_buffer(marked, added)
+    ids = codecs.utf_32_le_decode(buffer, "surrogatepass", True)[0]
+    out = array("i")
+    out.frombytes(codecs.utf_32_le_encode(ids.replace(marker_id, ""), "surrogatepass")[0])
     return out
