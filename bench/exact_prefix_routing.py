@@ -219,7 +219,7 @@ async def run(mode: str, a: argparse.Namespace, discount: bool = True) -> dict[s
             }
             for i, u in enumerate(urls)
         ],
-        "scrape": {"interval_s": 0.2},
+        "scrape": {"interval_s": a.scrape_s},
         "health": {"interval_s": 1.0},
     }
     servers, recorders, clients = [], [], []
@@ -309,6 +309,10 @@ def main() -> None:
     p.add_argument("--speed", type=float, default=20.0)
     p.add_argument("--think-s", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--scrape-s", type=float, default=0.2,
+        help="the gateway's metrics scrape interval (wall time; an emulated step is 20 ms / --speed)",
+    )  # fmt: skip
     p.add_argument("--explain", action="store_true", help="exact mode: where prediction and hits part")
     p.add_argument(
         "--queue-discount", choices=("on", "off", "both"), default="on",
