@@ -46,6 +46,7 @@ Cost: ``select`` is one bisection walk of the request's chain through the index 
 point where holders drop out, see :mod:`~tokenplane.core.routing.prefix_index`) and one pass over
 the candidates that reads loads and tests membership in the (usually tiny) set of best-matching
 instances; only when every best match is unusable does a second pass read each candidate's depth.
+Precise mode with ``queue_discount`` adds one pass over the candidates (O(1) each) before that.
 ``on_routed`` O(len(block_hashes)). Memory O(instances × ``max_blocks_per_instance``).
 
 How it fails: the index records routing, not engine caches, so it drifts when engines evict
