@@ -16,7 +16,11 @@ every emulator's events (the emulators bind, the replicas connect).
 Printed per mode: the engines' own prefix-hit ratio (``vllm:prefix_cache_hits_total`` over
 ``vllm:prefix_cache_queries_total``, summed over the fleet) and, in exact mode, the gateway's
 predicted hit ratio (the cached tokens it matched on the instance it chose, capped as vLLM caps a
-hit: the last prompt token is always computed, so at most ``(prompt - 1) // 16`` blocks).
+hit: the last prompt token is always computed, so at most ``(prompt - 1) // 16`` blocks) and of
+those the ones expected to survive the instance's queue (``core.routing.kv_survival``, what the
+router decides on; ``gateway_matched_hit_ratio``: all of them, as the events reported them).
+``--queue-discount off`` routes on the reported match and predicts it (the behaviour before the
+discount); ``--queue-discount both`` runs exact mode both ways, side by side in one run.
 
 ``--explain`` (exact mode) says where the two part, request by request (a decision paired with
 the request that reaches the instance by instance and prompt length), in shares of the prompt
@@ -117,9 +121,11 @@ class Explain:
 class Recorder:
     """Wraps the model's router: what the gateway predicted for each routed request."""
 
-    def __init__(self, inner: Any, explain: Explain | None = None) -> None:
+    def __init__(self, inner: Any, explain: Explain | None = None, discount: bool = True) -> None:
         self.inner = inner
         self.explain = explain
+        self.discount = discount
+        self.matched = 0
         self.predicted = 0
         self.prompt = 0
         self.reasons: dict[str, int] = {}
@@ -132,8 +138,14 @@ class Recorder:
         self.reasons[d.reason.value] = self.reasons.get(d.reason.value, 0) + 1
         exact = request.cached_prefix_tokens
         if exact is not None and d.instance_id is not None:
+            from tokenplane.core.routing.kv_survival import surviving_prefix_tokens
+
             cap = (request.prompt_tokens - 1) // BLOCK * BLOCK
-            predicted = min(exact.get(d.instance_id, 0), cap)
+            matched = predicted = min(exact.get(d.instance_id, 0), cap)
+            if self.discount:
+                view = next(v for v in candidates if v.instance_id == d.instance_id)
+                predicted = surviving_prefix_tokens(matched, request, view)
+            self.matched += matched
             self.predicted += predicted
             self.prompt += request.prompt_tokens
             if self.explain is not None:
@@ -163,7 +175,7 @@ def workload(seed: int, conversations: int, systems: int, turns: int) -> list[li
     ]
 
 
-async def run(mode: str, a: argparse.Namespace) -> dict[str, Any]:
+async def run(mode: str, a: argparse.Namespace, discount: bool = True) -> dict[str, Any]:
     import aiohttp
     import openai
     from tiny_model import sample_text
@@ -176,7 +188,8 @@ async def run(mode: str, a: argparse.Namespace) -> dict[str, Any]:
     ports = [_free_port() for _ in range(a.instances)]
     # the emulators bind (as vLLM given tcp://*:PORT) and every gateway replica connects
     endpoints = [f"tcp://*:{p}" for p in ports]
-    model: dict[str, Any] = {"name": MODEL, "router": "prefix-affinity", "upstream_model": "emu"}
+    router = {"name": "prefix-affinity", "params": {"queue_discount": discount}}
+    model: dict[str, Any] = {"name": MODEL, "router": router, "upstream_model": "emu"}
     if mode == "exact":
         model["tokenizer"] = {"path": str(a.tokenizer)}
     runners, urls = [], []
@@ -206,7 +219,7 @@ async def run(mode: str, a: argparse.Namespace) -> dict[str, Any]:
             }
             for i, u in enumerate(urls)
         ],
-        "scrape": {"interval_s": 0.2},
+        "scrape": {"interval_s": a.scrape_s},
         "health": {"interval_s": 1.0},
     }
     servers, recorders, clients = [], [], []
@@ -215,7 +228,7 @@ async def run(mode: str, a: argparse.Namespace) -> dict[str, Any]:
         server = GatewayServer(app, "127.0.0.1", 0)
         await server.start()
         served = next(m for m in app[GATEWAY_KEY].catalog.models if m.name == MODEL)
-        recorder = Recorder(served.router, explain)
+        recorder = Recorder(served.router, explain, discount)
         served.router = recorder
         servers.append(server)
         recorders.append(recorder)
@@ -265,7 +278,7 @@ async def run(mode: str, a: argparse.Namespace) -> dict[str, Any]:
         for reason, n in rec.reasons.items():
             reasons[reason] = reasons.get(reason, 0) + n
     out: dict[str, Any] = {
-        "mode": mode,
+        "mode": mode if mode == "approximate" else f"exact, queue discount {'on' if discount else 'off'}",
         "requests": sum(reasons.values()),
         "errors": errors,
         "engine_hit_ratio": hits / queries if queries else 0.0,
@@ -274,6 +287,7 @@ async def run(mode: str, a: argparse.Namespace) -> dict[str, Any]:
     prompt = sum(rec.prompt for rec in recorders)
     if prompt:
         out["gateway_predicted_hit_ratio"] = sum(rec.predicted for rec in recorders) / prompt
+        out["gateway_matched_hit_ratio"] = sum(rec.matched for rec in recorders) / prompt
     if explain is not None:
         out["explain"] = explain.report()
     return out
@@ -295,11 +309,21 @@ def main() -> None:
     p.add_argument("--speed", type=float, default=20.0)
     p.add_argument("--think-s", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--scrape-s", type=float, default=0.2,
+        help="the gateway's metrics scrape interval (wall time; an emulated step is 20 ms / --speed)",
+    )  # fmt: skip
     p.add_argument("--explain", action="store_true", help="exact mode: where prediction and hits part")
+    p.add_argument(
+        "--queue-discount", choices=("on", "off", "both"), default="on",
+        help="exact mode: count only the cached tokens expected to survive the queue (both: off, then on)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    results = [asyncio.run(run(mode, a)) for mode in ("approximate", "exact")]
-    approx, exact = results
+    discounts = {"on": (True,), "off": (False,), "both": (False, True)}[a.queue_discount]
+    results = [asyncio.run(run("approximate", a))]
+    results += [asyncio.run(run("exact", a, discount)) for discount in discounts]
+    approx, exact = results[0], results[-1]
     summary = {
         "seed": a.seed,
         "replicas": a.replicas,
@@ -312,6 +336,14 @@ def main() -> None:
             else float("nan")
         ),
     }
+    if len(results) == 3:
+        off = results[1]
+        summary["exact_off"] = off
+        summary["off_predicted_vs_engine_relative"] = (
+            off.get("gateway_predicted_hit_ratio", 0.0) / off["engine_hit_ratio"] - 1
+            if off["engine_hit_ratio"]
+            else float("nan")
+        )
     if a.json:
         print(json.dumps(summary))
         return
@@ -319,6 +351,7 @@ def main() -> None:
         line = f"{r['mode']:>11}: engines' hit ratio {r['engine_hit_ratio']:.4f}"
         if "gateway_predicted_hit_ratio" in r:
             line += f", gateway predicted {r['gateway_predicted_hit_ratio']:.4f}"
+            line += f" (matched {r['gateway_matched_hit_ratio']:.4f})"
         print(line + f" ({r['requests']} requests, {r['errors']} errors; {r['reasons']})")
         if "explain" in r:
             print("             " + ", ".join(f"{k} {v:.4g}" for k, v in r["explain"].items()))

@@ -170,3 +170,27 @@ def test_precise_mode_has_its_own_threshold() -> None:
     assert (d.instance_id, d.reason) == ("i0", RouteReason.KV_CACHE_MISS_LEAST_LOADED)
     with pytest.raises(ValueError, match="kv_cache_threshold"):
         PrefixAffinityRouter(kv_cache_threshold=1.5)
+
+
+def test_precise_mode_discounts_a_match_its_queue_would_evict() -> None:
+    """i0 holds 1,200 of the prompt's tokens but its in-flight work overcommits its 5,000-token
+    cache (9,000 + 800 + 100 = 9,900: sqrt(5,000 / 9,900) of 1,200 = 852 expected to survive); i1
+    holds 1,000 and is idle: i1 wins. Without the discount, or with room on i0, i0 does."""
+    exact = RequestInfo("b", "m", prompt_tokens=2000, max_output_tokens=100,
+                        cached_prefix_tokens={"i0": 1200, "i1": 1000})  # fmt: skip
+
+    def fleet(i0_tokens: int) -> list[InstanceView]:
+        return [
+            InstanceView("i0", outstanding_requests=3, outstanding_tokens=i0_tokens, kv_capacity_tokens=5000),
+            InstanceView("i1", outstanding_requests=0, kv_capacity_tokens=5000),
+        ]
+
+    d = PrefixAffinityRouter().select(exact, fleet(9000), now=1)
+    assert (d.instance_id, d.reason) == ("i1", RouteReason.KV_CACHE_MATCH)
+    d = PrefixAffinityRouter().select(exact, fleet(3000), now=1)  # 3,000 + 800 + 100 fits
+    assert (d.instance_id, d.reason) == ("i0", RouteReason.KV_CACHE_MATCH)
+    off = build_router({"name": "prefix-affinity", "params": {"queue_discount": False}}, random.Random())
+    d = off.select(exact, fleet(9000), now=1)
+    assert (d.instance_id, d.reason) == ("i0", RouteReason.KV_CACHE_MATCH)
+    with pytest.raises(InvalidPolicyConfig, match="queue_discount"):
+        build_router({"name": "prefix-affinity", "params": {"queue_discount": "yes"}}, random.Random())

@@ -12,7 +12,11 @@ Algorithm, per request over the usable candidates:
    the best-matching instance, ties → fewer outstanding requests, then lowest index
    (``PREFIX_MATCH``). In precise mode (the shell fills ``RequestInfo.cached_prefix_tokens`` from the
    engines' own KV-cache reports) an instance's ratio is its cached leading tokens /
-   ``prompt_tokens`` instead, and the reason ``KV_CACHE_MATCH``.
+   ``prompt_tokens`` instead, and the reason ``KV_CACHE_MATCH``; with ``queue_discount`` (the
+   default) only the cached tokens expected to survive until the engine admits the request count
+   (:func:`~tokenplane.core.routing.kv_survival.surviving_prefix_tokens`: a queue that overcommits
+   the instance's KV cache evicts a waiting request's prefix), so a loaded instance's match is
+   worth less, and another instance's shorter one may win.
 3. Miss. Otherwise route to the least-loaded instance, ties → lowest index
    (``PREFIX_MISS_LEAST_LOADED``; ``KV_CACHE_MISS_LEAST_LOADED`` in precise mode). SGLang picks
    the instance with the smallest tree instead; we pick by outstanding requests because that is
@@ -31,6 +35,8 @@ Params:
   is real (the approximate index's is a guess that drifts), so any cached leading block is worth
   going for unless load is skewed: with pressure on the KV cache, a conversation's instance keeps
   its leading blocks longest, and a threshold would send it to an instance holding nothing.
+* ``queue_discount`` (bool, default true): precise mode counts only the surviving cached tokens
+  (above); false: the reported ones.
 * ``balance_abs_threshold`` (number >= 0, default 32): absolute outstanding-request gap.
 * ``balance_rel_threshold`` (number >= 1, default 1.5): relative gap (max > min × this).
 * ``max_blocks_per_instance`` (int >= 1, default 200_000): index bound per instance; LRU eviction,
@@ -40,6 +46,7 @@ Cost: ``select`` is one bisection walk of the request's chain through the index 
 point where holders drop out, see :mod:`~tokenplane.core.routing.prefix_index`) and one pass over
 the candidates that reads loads and tests membership in the (usually tiny) set of best-matching
 instances; only when every best match is unusable does a second pass read each candidate's depth.
+Precise mode with ``queue_discount`` adds one pass over the candidates (O(1) each) before that.
 ``on_routed`` O(len(block_hashes)). Memory O(instances × ``max_blocks_per_instance``).
 
 How it fails: the index records routing, not engine caches, so it drifts when engines evict
@@ -57,6 +64,7 @@ from tokenplane.core.params import ParamReader
 from tokenplane.core.registry import BuildContext, register
 from tokenplane.core.routing.base import ROUTERS
 from tokenplane.core.routing.candidates import NO_CANDIDATES
+from tokenplane.core.routing.kv_survival import surviving_prefix_tokens
 from tokenplane.core.routing.prefix_index import DEFAULT_MAX_BLOCKS_PER_INSTANCE, PrefixIndex
 from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, RouteDecision, RouteReason
 
@@ -77,6 +85,7 @@ class PrefixAffinityRouter:
         balance_abs_threshold: float = DEFAULT_BALANCE_ABS_THRESHOLD,
         balance_rel_threshold: float = DEFAULT_BALANCE_REL_THRESHOLD,
         max_blocks_per_instance: int = DEFAULT_MAX_BLOCKS_PER_INSTANCE,
+        queue_discount: bool = True,
     ) -> None:
         if not 0.0 <= cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {cache_threshold}")
@@ -90,6 +99,7 @@ class PrefixAffinityRouter:
         self.kv_cache_threshold = kv_cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
+        self.queue_discount = queue_discount
         self.index = PrefixIndex(max_blocks_per_instance)
 
     def select(
@@ -99,6 +109,8 @@ class PrefixAffinityRouter:
         depths: Mapping[InstanceId, int] | None
         if exact is not None:  # precise mode: what each engine reported it holds, in tokens
             depths, total = exact, max(1, request.prompt_tokens)
+            if self.queue_discount and exact:
+                depths = surviving_depths(request, exact, candidates)
             threshold = self.kv_cache_threshold
         else:
             hashes = request.block_hashes
@@ -187,6 +199,21 @@ class PrefixAffinityRouter:
         self.index.forget(instance_id)
 
 
+def surviving_depths(
+    request: RequestInfo, exact: Mapping[InstanceId, int], candidates: Sequence[InstanceView]
+) -> dict[InstanceId, int]:
+    """Each candidate's reported cached tokens that are expected to survive its queue (none: left out)."""
+    out: dict[InstanceId, int] = {}
+    get = exact.get
+    for view in candidates:
+        matched = get(view.instance_id, 0)
+        if matched > 0:
+            kept = surviving_prefix_tokens(matched, request, view)
+            if kept > 0:
+                out[view.instance_id] = kept
+    return out
+
+
 @register(ROUTERS, "prefix-affinity")
 def _build(params: Mapping[str, Any], ctx: BuildContext) -> PrefixAffinityRouter:
     reader = ParamReader(
@@ -198,6 +225,7 @@ def _build(params: Mapping[str, Any], ctx: BuildContext) -> PrefixAffinityRouter
             "balance_abs_threshold",
             "balance_rel_threshold",
             "max_blocks_per_instance",
+            "queue_discount",
         ),
     )
     return PrefixAffinityRouter(
@@ -216,4 +244,5 @@ def _build(params: Mapping[str, Any], ctx: BuildContext) -> PrefixAffinityRouter
         max_blocks_per_instance=reader.int_(
             "max_blocks_per_instance", DEFAULT_MAX_BLOCKS_PER_INSTANCE, min_value=1
         ),
+        queue_discount=reader.bool_("queue_discount", True),
     )
