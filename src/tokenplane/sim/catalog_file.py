@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tokenplane.sim.catalog_specs import (
     DEFAULT_COMPUTE_EFFICIENCY,
     DEFAULT_KNEE_SHARPNESS,
+    DEFAULT_KV_READ_EFFICIENCY,
     DEFAULT_LAYER_OVERHEAD_S,
     DEFAULT_MEM_EFFICIENCY,
     DEFAULT_STEP_OVERHEAD_S,
@@ -46,6 +47,7 @@ class GpuConfig(BaseModel):
     step_overhead_s: float = Field(default=DEFAULT_STEP_OVERHEAD_S, ge=0)
     layer_overhead_s: float = Field(default=DEFAULT_LAYER_OVERHEAD_S, ge=0)
     knee_sharpness: float = Field(default=DEFAULT_KNEE_SHARPNESS, ge=1)
+    kv_read_efficiency: float = Field(default=DEFAULT_KV_READ_EFFICIENCY, gt=0, le=1)
     aliases: tuple[str, ...] = ()
 
 

@@ -49,6 +49,17 @@ DEFAULT_COMPUTE_EFFICIENCY = (H100_COMPUTE_EFFICIENCY + A100_COMPUTE_EFFICIENCY)
 DEFAULT_STEP_OVERHEAD_S = (H100_STEP_OVERHEAD_S + A100_STEP_OVERHEAD_S) / 2
 DEFAULT_LAYER_OVERHEAD_S = (H100_LAYER_OVERHEAD_S + A100_LAYER_OVERHEAD_S) / 2
 DEFAULT_KNEE_SHARPNESS = (H100_KNEE_SHARPNESS + A100_KNEE_SHARPNESS) / 2
+# Decode attention's KV reads relative to the weight reads' ``mem_efficiency`` (1: the same fraction
+# of the datasheet bandwidth, the model before this term). Left at 1 because no shared profile
+# measures it. Public evidence that paged decode attention reads below the weight GEMMs' fraction:
+# FlashAttention-2 paged batch decode on an H100 SXM, Llama-3-70B shape, 64 sequences of 128 and
+# 256 tokens (microsoft/onnxruntime PR 21414, nvbench): about 13 us per call plus its bytes at
+# ~2.3 TB/s (0.68 of 3.35 TB/s, ~0.8 of the H100 weight-read fit) at those short lengths, while
+# FlashInfer's blog (2024-02-02) reports close to 100 % for long single-sequence decodes. The
+# figure depends on the kernel, the sequence lengths and the GPU; a catalogue entry may set a
+# measured one. With the shared vLLM runs, no one value brings both within 5 % at the documented
+# mean weight efficiency (README, "Any model, any GPU").
+DEFAULT_KV_READ_EFFICIENCY = 1.0
 
 # Memory that vLLM cannot give to the KV cache besides the weights (activation peak of a
 # 2048-token profiling run, sampler buffers, CUDA graphs, non-torch allocations), per GPU.
@@ -81,6 +92,9 @@ class GpuSpec:
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S
     layer_overhead_s: float = DEFAULT_LAYER_OVERHEAD_S
     knee_sharpness: float = DEFAULT_KNEE_SHARPNESS
+    # Decode attention (paged KV reads) reaches this fraction of what the weight reads reach
+    # (``mem_efficiency``): a step's KV bytes cost kv_bytes / (hbm_bw * mem_efficiency * this).
+    kv_read_efficiency: float = DEFAULT_KV_READ_EFFICIENCY
     aliases: tuple[str, ...] = ()
 
     @property

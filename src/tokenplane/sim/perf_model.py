@@ -7,6 +7,9 @@ sequence). Its time is::
               + decode_kv_s_per_token * decode_context_tokens # decode attention: KV reads
               + prefill_s_per_pair * prefill_attn_pairs       # prefill attention: QK^T and PV FLOPs
 
+The decode KV reads run at ``mem_efficiency * kv_read_efficiency`` of the datasheet bandwidth
+(:class:`~tokenplane.sim.catalog.GpuSpec`; the second factor defaults to 1: KV at the weights' rate).
+
 ``linear_time`` is a p-norm smooth maximum of the weight-read time (memory-bound) and the GEMM time
 (compute-bound: linear in the tokens), plus the elementwise kernels' activation traffic, the
 tensor-parallel all-reduces (two per layer), the expert-parallel all-to-alls and a fixed per-step
@@ -209,8 +212,10 @@ class StepTimeModel:
         self._weights_p = self._weights_s**self._p
         self._memo: dict[int, float] = {}
 
-        # Decode attention reads every context token's KV once (memory-bound).
-        self.decode_kv_s_per_token: float = model.kv_bytes_per_token * kv_replication / tp / bw
+        # Decode attention reads every context token's KV once (memory-bound), at the GPU's KV-read
+        # efficiency relative to the weight reads (paged gathers of short per-sequence runs).
+        kv_bw = bw * gpu.kv_read_efficiency
+        self.decode_kv_s_per_token: float = model.kv_bytes_per_token * kv_replication / tp / kv_bw
         # Prefill attention: 4 x layers x heads x head_dim FLOPs per (query, key) pair (compute-bound).
         self.prefill_s_per_pair: float = model.attn_flops_per_pair / tp / flops
 
