@@ -188,8 +188,8 @@ class TiktokenEncoder:
         self._gaps = None if self._cut is None else GapCuts(self._cut, "".join({t[0] for t in added}))
         self._marker = cut_marker(added)
         self._marks: GapMarks | None = None  # (the cuts as markers in the text, in C: ASCII spacing)
-        if self._cut is not None and added and max(added.values()) <= 0x10FFFF:
-            token = min(added)
+        if self._cut is not None and self._marker is not None and max(added.values()) <= 0x10FFFF:
+            token = self._marker[0]  # the same added token encode_cut joins parts with
             self._marks, self._marker_id = GapMarks(self._cut, added, token), chr(added[token])
         self._added = frozenset(added)
         self._sync = not any(c.isspace() or c in _WS_CHARS for t in added for c in t)
