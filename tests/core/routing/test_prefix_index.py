@@ -1,4 +1,4 @@
-"""The shared prefix index: longest-prefix matching, LRU leaves-first eviction, bounds, forget."""
+"""The shared prefix index: longest-prefix matching, generational leaves-first eviction, bounds, forget."""
 
 from __future__ import annotations
 
@@ -37,23 +37,28 @@ def test_match_depths() -> None:
     assert len(idx) == 5  # 1, 1-2 shared; 1-2-3, 1-2-3-4, 1-2-9
 
 
-def test_eviction_removes_leaves_first_and_respects_the_bound() -> None:
-    idx = PrefixIndex(max_blocks_per_instance=4)
-    old = chain(1, 2, 3)
+def test_generations_evict_untouched_blocks_leaves_first_and_respect_the_bound() -> None:
+    idx = PrefixIndex(max_blocks_per_instance=4)  # generations of 2 blocks
+    old = chain(1, 2, 3)  # indexed by its first 2 blocks
     idx.insert("x", old, now=1.0)
-    new = chain(1, 5, 6)
-    idx.insert("x", new, now=2.0)  # 5 distinct blocks -> evict the LRU leaf of `old`
+    assert idx.blocks_held("x") == 2 and idx.match(old) == {"x": 2}
+    new = chain(1, 5)
+    idx.insert("x", new, now=2.0)  # a rotation: chain(1, 2) stays, in the old generation
+    assert idx.blocks_held("x") == 3
+    assert idx.match(new) == {"x": 2} and idx.match(old) == {"x": 2}
+    assert idx.snapshot()["x"] == ((old[1], 1), (new[1], 0), (new[0], 0))  # 1 touched again: young
+    idx.insert("x", chain(7, 8), now=3.0)  # rotates: old[1] (untouched since) goes, the leaf first
     assert idx.blocks_held("x") == 4
-    assert idx.match(old) == {"x": 2}
-    assert idx.match(new) == {"x": 3}
-    idx.insert("x", chain(7, 8, 9, 10), now=3.0)
+    assert idx.match(old) == {"x": 1} and idx.match(new) == {"x": 2}
+    assert idx.match(chain(7, 8)) == {"x": 2}
+    idx.insert("x", chain(9, 10), now=4.0)
     assert idx.blocks_held("x") == 4
-    assert idx.match(new) == {}
-    assert idx.match(chain(7, 8, 9, 10)) == {"x": 4}
+    assert idx.match(new) == {} and idx.match(chain(9, 10)) == {"x": 2}
+    assert idx.match(chain(7, 8)) == {"x": 2}
 
 
-def test_long_request_is_truncated_to_the_bound() -> None:
-    idx = PrefixIndex(max_blocks_per_instance=3)
+def test_long_request_is_truncated_to_half_the_bound() -> None:
+    idx = PrefixIndex(max_blocks_per_instance=5)
     long = chain(*range(10))
     idx.insert("x", long, now=0.0)
     assert idx.blocks_held("x") == 3
@@ -71,12 +76,14 @@ def test_forget_drops_an_instance() -> None:
     assert len(idx) == 2
 
 
-def test_last_access_is_recorded() -> None:
+def test_hashes_beyond_64_bits_are_kept_too() -> None:
     idx = PrefixIndex()
-    idx.insert("x", chain(1, 2), now=1.0)
-    idx.insert("x", chain(1, 3), now=5.0)
-    snap = dict(idx.snapshot()["x"])
-    assert sorted(snap.values()) == [1.0, 5.0, 5.0]
+    big = (2**70, 2**70 + 1)
+    idx.insert("x", chain(1), now=0.0)
+    idx.insert("x", big, now=0.0)
+    assert idx.match(big) == {"x": 2} and idx.blocks_held("x") == 3
+    idx.forget("x")
+    assert len(idx) == 0
 
 
 @pytest.mark.parametrize("bad", [0, -1])
@@ -106,6 +113,8 @@ def test_index_bounded_and_match_agrees_with_a_per_instance_walk(
             continue
         idx.insert(iid, hashes, now=float(t))
         assert idx.blocks_held(iid) <= cap
+        if hashes:  # a chain just inserted always matches, as far as it is indexed
+            assert idx.match(hashes)[iid] == min(len(hashes), (cap + 1) // 2)
     assert len(idx) == len({h for entries in idx.snapshot().values() for h, _ in entries})
     got = idx.match(probe)
     expected = {iid: d for iid in idx.instances if (d := reference_depth(idx, probe, iid)) > 0}
@@ -129,11 +138,14 @@ def test_set_bound_trims_an_instance_to_its_kv_cache_size() -> None:
     idx.set_bound("a", 2)
     assert idx.blocks_held("a") == 2 and idx.blocks_held("b") == 6
     assert idx.match(chain(1, 2, 3, 4, 5, 6)) == {"a": 2, "b": 6}  # "a" kept the shallow prefix
-    idx.insert("a", chain(7, 8, 9), now=1.0)
-    assert idx.blocks_held("a") == 2
+    idx.insert("a", chain(7, 8, 9), now=1.0)  # indexed by its first block; the old ones go
+    assert idx.blocks_held("a") == 1 and idx.match(chain(7)) == {"a": 1}
     idx.set_bound("b", 10_000)  # never above the index's own bound
     idx.insert("b", tuple(range(1000, 1200)), now=2.0)
-    assert idx.blocks_held("b") == 100
+    assert idx.blocks_held("b") == 56  # 6 + 44 fill the young generation; it rotates; 6 more
+    for t in range(10):
+        idx.insert("b", tuple(range(2000 + 50 * t, 2050 + 50 * t)), now=3.0 + t)
+        assert 50 <= idx.blocks_held("b") <= 100
 
 
 bounded_ops = st.lists(
@@ -155,12 +167,25 @@ def test_per_instance_bounds_hold_and_match_still_agrees(
     for t, (iid, op) in enumerate(ops):
         if op is None:
             idx.forget(iid)
+            # every trace is gone: no match names it, no block is kept for it alone
+            assert all(iid not in idx.match(h) for _, h in ops if isinstance(h, tuple) and h)
+            assert len(idx) == len({h for entries in idx.snapshot().values() for h, _ in entries})
         elif isinstance(op, int):
             idx.set_bound(iid, op)
             bounds[iid] = min(op, cap)
         else:
             idx.insert(iid, op, now=float(t))
+            if op:
+                assert idx.match(op)[iid] == min(len(op), (bounds.get(iid, cap) + 1) // 2)
         assert idx.blocks_held(iid) <= bounds.get(iid, cap)
     assert len(idx) == len({h for entries in idx.snapshot().values() for h, _ in entries})
     expected = {iid: d for iid in idx.instances if (d := reference_depth(idx, probe, iid)) > 0}
     assert idx.match(probe) == expected
+    for iid, entries in idx.snapshot().items():  # prefix-closed after bounds changed, too
+        held = {h for h, _ in entries}
+        assert len(held) == len(entries) == idx.blocks_held(iid)
+        for _, op in ops:
+            if isinstance(op, tuple):
+                for k, h in enumerate(op):
+                    if h in held:
+                        assert set(op[:k]) <= held, iid
