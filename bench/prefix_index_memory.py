@@ -4,8 +4,9 @@ The gateway's :class:`PrefixIndex` is bounded per instance by its engine's KV ca
 (``Gateway.bound_prefix_indexes``); at the soak's (3 instances x 28,386 blocks, an emulated H100) it
 is the gateway's largest structure that grows with traffic. This fills one such index with soak-like
 prompts (the soak's system message, a step number and 20-120 random words, rendered and hashed as
-the gateway does), routed at random over the instances, and reports its cost per *bound* block (per
-engine KV block the gateway may know about): once full (the first time the blocks held reach
+the gateway does, in its routing blocks), routed at random over the instances, and reports its cost
+per engine KV block (16 tokens; the figure issue 17's RSS budget is in) and per block of its own
+bound: once full (the first time the blocks held reach
 ``--full-share`` of the bound) and after ``--prompts`` prompts (churned: its tables have been
 resized and its entries replaced many times). Two figures each: ``tracemalloc`` (Python objects
 only, exact) and the process's RSS growth (what the soak's ``rss_growth_pct`` sees), each measured
@@ -42,6 +43,11 @@ def child(a: argparse.Namespace, mode: str) -> dict[str, float]:
     import tracemalloc
 
     from tokenplane.core.prompt_hash import DEFAULT_BLOCK_TOKENS, block_hashes, render_chat
+
+    try:  # the gateway's block for this index, where the checkout has one
+        from tokenplane.core.prompt_hash import ROUTING_BLOCK_TOKENS as block_tokens
+    except ImportError:
+        block_tokens = DEFAULT_BLOCK_TOKENS
     from tokenplane.core.routing.prefix_index import PrefixIndex
     from tokenplane.runloop import fix_mmap_threshold
 
@@ -49,10 +55,11 @@ def child(a: argparse.Namespace, mode: str) -> dict[str, float]:
     rng = random.Random(a.seed)
     ids = [f"i{k}" for k in range(a.instances)]
     idx = PrefixIndex()
-    bound = -(-a.kv_capacity_tokens // DEFAULT_BLOCK_TOKENS)
+    bound = -(-a.kv_capacity_tokens // block_tokens)  # as Gateway.bound_prefix_indexes sets it
     for iid in ids:
         idx.set_bound(iid, bound)
     total = bound * len(ids)
+    kv_blocks = -(-a.kv_capacity_tokens // DEFAULT_BLOCK_TOKENS) * len(ids)  # the engines' own
     prompts = []
     for _ in range(2000):  # hashed once: the loop below measures the index, not the hashing
         prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 120)))
@@ -63,7 +70,7 @@ def child(a: argparse.Namespace, mode: str) -> dict[str, float]:
                 {"role": "user", "content": f"step {step}: {prompt}"},
             ]
         )
-        prompts.append(block_hashes(text))
+        prompts.append(block_hashes(text, block_tokens))
     # Fill CPython's tuple free lists (2,000 a size) first: the chains' tuples would otherwise stay
     # allocated in them and count as ~20 bytes a block in both checkouts.
     spare = [tuple(range(k)) for k in range(1, 40) for _ in range(2000)]
@@ -85,10 +92,12 @@ def child(a: argparse.Namespace, mode: str) -> dict[str, float]:
             full_at = n
     end = (tracemalloc.get_traced_memory()[0] if mode == "tracemalloc" else _rss()) - base
     return {
+        "block_tokens": float(block_tokens),
         "bound_blocks": total,
         "full_at_prompt": float(full_at) if full is not None else -1.0,
-        "full_B_per_block": (full or 0) / total,
-        "churned_B_per_block": end / total,
+        "full_B_per_kv_block": (full or 0) / kv_blocks,
+        "churned_B_per_kv_block": end / kv_blocks,
+        "churned_B_per_index_block": end / total,
         "held_share_end": sum(idx.blocks_held(i) for i in ids) / total,
         "distinct_blocks_end": float(len(idx)),
     }

@@ -9,7 +9,7 @@ import aiohttp
 import openai
 import pytest
 
-from tokenplane.core.prompt_hash import DEFAULT_BLOCK_TOKENS
+from tokenplane.core.prompt_hash import ROUTING_BLOCK_TOKENS
 from tokenplane.gateway.app import GATEWAY_KEY, create_app
 from tokenplane.gateway.config import parse_config
 from tokenplane.gateway.server import GatewayServer
@@ -22,7 +22,7 @@ async def test_an_instance_s_kv_cache_size_bounds_its_prefix_index(upstreams: An
     ups = await upstreams(1)
     raw = names.gateway_config(ups)
     blocks = 4
-    raw["instances"][0]["kv_capacity_tokens"] = blocks * DEFAULT_BLOCK_TOKENS
+    raw["instances"][0]["kv_capacity_tokens"] = blocks * ROUTING_BLOCK_TOKENS
     server = GatewayServer(create_app(parse_config(raw)), "127.0.0.1", 0)
     await server.start()
     try:
@@ -34,7 +34,7 @@ async def test_an_instance_s_kv_cache_size_bounds_its_prefix_index(upstreams: An
             base_url=str(server.make_url("/v1")), api_key=names.KEY, max_retries=0, timeout=10
         )
         for i in range(10):
-            words = " ".join(f"w{i}x{k}" for k in range(200))  # ~20 blocks, none shared
+            words = " ".join(f"w{i}x{k}" for k in range(400))  # ~10 blocks, none shared
             await client.chat.completions.create(
                 model=names.MODEL, messages=[{"role": "user", "content": words}]
             )

@@ -23,6 +23,17 @@ from xxhash import xxh3_64_intdigest
 
 CHARS_PER_TOKEN = 4
 DEFAULT_BLOCK_TOKENS = 16
+ROUTING_BLOCK_TOKENS = 64
+"""The gateway's block for its approximate prefix index (``core/routing/prefix_index.py``, used by
+the prefix-affinity and weighted routers when no tokenizer is configured): coarser than an engine's
+16-token KV block because the index is the gateway's largest structure that grows with traffic,
+bounded by the instances' KV caches *in these blocks* (``Gateway.bound_prefix_indexes``), and it
+costs a dict entry, a 63-bit int and an array slot per block: at 64 tokens, a quarter of that per
+engine KV block. Routing loses little: affinity decides on shared prefixes of hundreds of tokens (a
+system prompt, a conversation), and a ratio of matched blocks is as good at 64 tokens as at 16;
+what it loses is prompts shorter than 64 tokens (~256 characters), which have no full block and so
+route by load alone, and matches that end inside a block. The emulator keeps 16-token blocks for
+its cache simulation, and the twin the traces' own block hashes."""
 
 
 def render_chat(messages: Iterable[Mapping[str, Any]]) -> str:

@@ -21,7 +21,7 @@ from yarl import URL
 from tokenplane.core.admission import DEFAULT_WINDOW_S as ADMISSION_WINDOW_S
 from tokenplane.core.admission import AdmissionQueue
 from tokenplane.core.breaker import BreakerState
-from tokenplane.core.prompt_hash import DEFAULT_BLOCK_TOKENS
+from tokenplane.core.prompt_hash import ROUTING_BLOCK_TOKENS
 from tokenplane.core.routing.prefix_index import PrefixIndex
 from tokenplane.core.shedding import LoadShedder
 from tokenplane.core.task_admission import KvWorkingSetLimit, fleet_kv_capacity_tokens
@@ -267,7 +267,8 @@ class Gateway:
 
     def bound_prefix_indexes(self) -> None:
         """Each router's prefix index holds no more blocks for an instance than the instance's KV
-        cache has (``kv_capacity_tokens``, configured or scraped); unknown: the index's own bound."""
+        cache has (``kv_capacity_tokens``, configured or scraped, in the gateway's routing blocks:
+        ``prompt_hash.ROUTING_BLOCK_TOKENS``); unknown: the index's own bound."""
         for m in self.catalog.models:
             index = prefix_index_of(m.router)
             if index is None:
@@ -275,7 +276,7 @@ class Gateway:
             for u in self.pool.for_model(m.name):
                 capacity = u.config.kv_capacity_tokens or u.metrics.kv_capacity_tokens
                 if capacity > 0:
-                    index.set_bound(u.id, -(-capacity // DEFAULT_BLOCK_TOKENS))
+                    index.set_bound(u.id, -(-capacity // ROUTING_BLOCK_TOKENS))
 
     def _capacity_of(self, model: str) -> Callable[[], int]:
         """The pool's usable slots. While every breaker is closed it depends only on health,

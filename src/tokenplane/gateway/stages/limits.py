@@ -9,7 +9,7 @@ import itertools
 import os
 import time
 
-from tokenplane.core.prompt_hash import block_hashes
+from tokenplane.core.prompt_hash import ROUTING_BLOCK_TOKENS, block_hashes
 from tokenplane.core.views import RequestInfo
 from tokenplane.core.workflow_hints import WorkflowHints
 from tokenplane.gateway.catalog import ServedModel
@@ -47,7 +47,7 @@ class Describer:
             prompt_tokens=parsed.prompt_tokens,
             max_output_tokens=parsed.max_tokens or ASSUMED_OUTPUT_TOKENS,
             # precise mode matches token blocks: the approximate chain is neither read nor recorded
-            block_hashes=block_hashes(parsed.prompt_text) if cached is None else (),
+            block_hashes=block_hashes(parsed.prompt_text, ROUTING_BLOCK_TOKENS) if cached is None else (),
             tenant=tenant.name,
             priority=tenant.priority if hints is None else hints.priority,
             arrival_s=now,
