@@ -48,6 +48,8 @@ def child(a: argparse.Namespace, mode: str) -> dict[str, float]:
         from tokenplane.core.prompt_hash import ROUTING_BLOCK_TOKENS as block_tokens
     except ImportError:
         block_tokens = DEFAULT_BLOCK_TOKENS
+    if a.block_tokens:
+        block_tokens = a.block_tokens
     from tokenplane.core.routing.prefix_index import PrefixIndex
     from tokenplane.runloop import fix_mmap_threshold
 
@@ -120,6 +122,7 @@ def _args(a: argparse.Namespace) -> list[str]:
         f"--prompts={a.prompts}",
         f"--seed={a.seed}",
         f"--full-share={a.full_share}",
+        f"--block-tokens={a.block_tokens}",
     ]
 
 
@@ -130,6 +133,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=200_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--full-share", type=float, default=0.5, help="of the bound: counts as full")
+    p.add_argument("--block-tokens", type=int, default=0, help="instead of the gateway's routing block")
     p.add_argument("--baseline-src", type=Path, help="another checkout's src, measured too")
     p.add_argument("--child", choices=["tracemalloc", "rss"], help=argparse.SUPPRESS)
     a = p.parse_args()
