@@ -39,8 +39,8 @@ Params:
   (above); false: the reported ones.
 * ``balance_abs_threshold`` (number >= 0, default 32): absolute outstanding-request gap.
 * ``balance_rel_threshold`` (number >= 1, default 1.5): relative gap (max > min × this).
-* ``max_blocks_per_instance`` (int >= 1, default 200_000): index bound per instance; LRU eviction,
-  leaves first (see :mod:`~tokenplane.core.routing.prefix_index`).
+* ``max_blocks_per_instance`` (int >= 1, default 200_000): index bound per instance; two-generation
+  approximate LRU eviction, leaves first (see :mod:`~tokenplane.core.routing.prefix_index`).
 
 Cost: ``select`` is one bisection walk of the request's chain through the index (O(log blocks) per
 point where holders drop out, see :mod:`~tokenplane.core.routing.prefix_index`) and one pass over
