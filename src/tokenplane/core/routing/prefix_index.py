@@ -20,7 +20,7 @@ Structures:
   young one, and how many blocks it holds.
 
 Eviction is a two-generation approximation of LRU (the "clock"/segmented-LRU family), chosen for its
-memory: a per-instance ``OrderedDict`` costs ~100 bytes per entry more than a list slot (8 bytes).
+memory: a per-instance ``OrderedDict`` costs ~100 bytes per entry more than an array slot (8 bytes).
 Touching a block that is not in the young generation (new, or only in the old one) sets its young
 bit, clears its old bit and appends it to the young list. When the young list reaches half the
 instance's bound, the generation *rotates*: every block of the old list whose old bit is still set
@@ -34,10 +34,11 @@ So an instance holds exactly the blocks touched since the start of its previous 
 * a request's chain is indexed by its first ⌈B/2⌉ blocks, so one insert never triggers two
   rotations that would drop what it just touched: after ``insert(i, chain)``, ``match(chain)[i]``
   is ``min(len(chain), ⌈B/2⌉)``;
-* eviction is prefix-closed. ``insert`` touches a request's blocks *deepest first* (the first ``B``
+* eviction is prefix-closed. ``insert`` touches a request's blocks *deepest first* (the first ⌈B/2⌉
   blocks of a longer chain: a prefix), so every prefix is touched no earlier than any of its
   extensions, in every insert. An instance's held set is {blocks last touched at or after an
-  instant t} (the start of its old generation; a rotation only moves t forward), and if an
+  instant t} (the start of its old generation; a rotation, or ``set_bound`` dropping the oldest
+  touches of the old generation, only moves t forward), and if an
   extension's last touch is ≥ t, so is its prefix's. Hence the set each instance holds is
   prefix-closed, after any sequence of inserts, rotations, ``set_bound`` and ``forget``.
 
@@ -49,16 +50,17 @@ shared system prompt, then the one instance that saw the conversation), plus one
 instance in the result; never fleet size × blocks, nor even one lookup per block.
 
 Cost: ``match`` O(drop-out depths × log blocks + matched instances); ``insert``
-O(len(chain)) amortised (a rotation walks the old list once per ⌊B/2⌋ additions); memory
-O(instances × ``max_blocks_per_instance``): one dict entry and key per distinct block plus one list
-slot per (instance, block), two while a block touched again sits in both lists.
+O(len(chain)) amortised (a rotation walks the old list once per ⌈B/2⌉ additions); memory
+O(instances × ``max_blocks_per_instance``): one dict entry and key per distinct block plus one array
+slot per (instance, block), two while a block touched again sits in both generations' arrays.
 
 How it fails: it is approximate by design. It records where requests were *sent*, not what the
 engines actually keep, so an engine that evicted a prefix still counts as holding it until this
 index evicts it too; a restarted instance should be ``forget``-ed. Its eviction is coarser than
 LRU: a block touched once just before a rotation outlives one touched often a little earlier, and
-an instance may hold as little as half its bound. A hash collision between two chains (negligible
-for 64-bit hashes) could make a match a little too long or too short, never raise.
+an instance may hold as little as half its bound (less, briefly, after ``set_bound`` lowers it).
+A hash collision between two chains (negligible for 64-bit hashes) could make a match a little too
+long or too short, never raise.
 """
 
 from __future__ import annotations
