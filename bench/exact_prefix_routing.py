@@ -292,7 +292,9 @@ async def run(
         for reason, n in rec.reasons.items():
             reasons[reason] = reasons.get(reason, 0) + n
     out: dict[str, Any] = {
-        "mode": mode if mode == "approximate" else f"exact, queue discount {'on' if discount else 'off'}"
+        "mode": mode
+        if mode == "approximate"
+        else f"exact, queue discount {'on' if discount else 'off'}"
         + (f", in-flight shared {'on' if share_in_flight else 'off'}" if a.state == "redis" else ""),
         "requests": sum(reasons.values()),
         "errors": errors,
@@ -354,9 +356,7 @@ def main() -> None:
     if a.state != "redis":
         shares = (False,)
     results = [] if a.skip_approximate else [asyncio.run(run("approximate", a))]
-    results += [
-        asyncio.run(run("exact", a, discount, share)) for discount in discounts for share in shares
-    ]
+    results += [asyncio.run(run("exact", a, discount, share)) for discount in discounts for share in shares]
     approx = None if a.skip_approximate else results[0]
     exact = results[-1]
     summary: dict[str, Any] = {
