@@ -17,9 +17,10 @@ cannot dominate a profile's weighted sum. Results are lists aligned with the can
 * ``outstanding-tokens``: ``1 − outstanding_tokens / max`` over the candidates; 1 for all when 0.
 * ``kv-usage``: ``1 − kv_usage``.
 
-Only ``prefix-overlap`` takes a param (``queue_discount``, bool). Relative scorers (queue-depth, outstanding-tokens) are normalised by the current
-maximum, so they rank well but say nothing absolute: one idle instance among saturated ones scores 1
-just like an idle instance in an idle fleet. Cost: one pass over the candidates each.
+Only ``prefix-overlap`` takes a param (``queue_discount``, bool). Relative scorers (queue-depth,
+outstanding-tokens) are normalised by the current maximum, so they rank well but say nothing
+absolute: one idle instance among saturated ones scores 1 just like an idle instance in an idle
+fleet. Cost: one pass over the candidates each.
 """
 
 from __future__ import annotations
