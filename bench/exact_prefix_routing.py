@@ -11,7 +11,10 @@ and reply lengths drawn from ``--seed``) is replayed through the gateway (prefix
 
 ``--replicas N`` runs N gateway replicas, each with its own approximate index (memory state), and
 spreads each conversation's turns over them as a load balancer would; every replica subscribes to
-every emulator's events (the emulators bind, the replicas connect).
+every emulator's events (the emulators bind, the replicas connect). ``--state redis`` gives them the
+Redis backend at ``--redis-url`` (a fresh key prefix per run): shared limits, prefix index and, with
+``--share-in-flight on``, each instance's in-flight work (``state.share_in_flight``), so the queue
+discount sees the fleet's queue; ``--share-in-flight both`` runs exact mode without and with it.
 
 Printed per mode: the engines' own prefix-hit ratio (``vllm:prefix_cache_hits_total`` over
 ``vllm:prefix_cache_queries_total``, summed over the fleet) and, in exact mode, the gateway's
@@ -47,6 +50,7 @@ import json
 import random
 import socket
 import sys
+import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -175,7 +179,9 @@ def workload(seed: int, conversations: int, systems: int, turns: int) -> list[li
     ]
 
 
-async def run(mode: str, a: argparse.Namespace, discount: bool = True) -> dict[str, Any]:
+async def run(
+    mode: str, a: argparse.Namespace, discount: bool = True, share_in_flight: bool = True
+) -> dict[str, Any]:
     import aiohttp
     import openai
     from tiny_model import sample_text
@@ -222,6 +228,14 @@ async def run(mode: str, a: argparse.Namespace, discount: bool = True) -> dict[s
         "scrape": {"interval_s": a.scrape_s},
         "health": {"interval_s": 1.0},
     }
+    if a.state == "redis":
+        raw["state"] = {
+            "backend": "redis",
+            "url": a.redis_url,
+            "key_prefix": f"bench-exact-{uuid.uuid4().hex[:8]}:",
+            "share_in_flight": share_in_flight,
+            "sync_interval_s": a.sync_s,
+        }
     servers, recorders, clients = [], [], []
     for _ in range(a.replicas):  # each with its own approximate index (memory state)
         app = create_app(parse_config(raw))
@@ -278,7 +292,10 @@ async def run(mode: str, a: argparse.Namespace, discount: bool = True) -> dict[s
         for reason, n in rec.reasons.items():
             reasons[reason] = reasons.get(reason, 0) + n
     out: dict[str, Any] = {
-        "mode": mode if mode == "approximate" else f"exact, queue discount {'on' if discount else 'off'}",
+        "mode": mode
+        if mode == "approximate"
+        else f"exact, queue discount {'on' if discount else 'off'}"
+        + (f", in-flight shared {'on' if share_in_flight else 'off'}" if a.state == "redis" else ""),
         "requests": sum(reasons.values()),
         "errors": errors,
         "engine_hit_ratio": hits / queries if queries else 0.0,
@@ -291,6 +308,12 @@ async def run(mode: str, a: argparse.Namespace, discount: bool = True) -> dict[s
     if explain is not None:
         out["explain"] = explain.report()
     return out
+
+
+def _relative(r: dict[str, Any]) -> float:
+    """The gateway's predicted hit ratio over the engines' own, less 1."""
+    engine = r["engine_hit_ratio"]
+    return r.get("gateway_predicted_hit_ratio", 0.0) / engine - 1 if engine else float("nan")
 
 
 def main() -> None:
@@ -318,32 +341,42 @@ def main() -> None:
         "--queue-discount", choices=("on", "off", "both"), default="on",
         help="exact mode: count only the cached tokens expected to survive the queue (both: off, then on)",
     )  # fmt: skip
+    p.add_argument("--state", choices=("memory", "redis"), default="memory", help="the replicas' backend")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    p.add_argument("--sync-s", type=float, default=0.1, help="--state redis: state.sync_interval_s")
+    p.add_argument(
+        "--share-in-flight", choices=("on", "off", "both"), default="on",
+        help="--state redis: share in-flight work per instance (both: exact mode off, then on)",
+    )  # fmt: skip
+    p.add_argument("--skip-approximate", action="store_true", help="exact mode only")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     discounts = {"on": (True,), "off": (False,), "both": (False, True)}[a.queue_discount]
-    results = [asyncio.run(run("approximate", a))]
-    results += [asyncio.run(run("exact", a, discount)) for discount in discounts]
-    approx, exact = results[0], results[-1]
-    summary = {
+    shares = {"on": (True,), "off": (False,), "both": (False, True)}[a.share_in_flight]
+    if a.state != "redis":
+        shares = (False,)
+    results = [] if a.skip_approximate else [asyncio.run(run("approximate", a))]
+    results += [asyncio.run(run("exact", a, discount, share)) for discount in discounts for share in shares]
+    approx = None if a.skip_approximate else results[0]
+    exact = results[-1]
+    summary: dict[str, Any] = {
         "seed": a.seed,
         "replicas": a.replicas,
         "approximate": approx,
         "exact": exact,
-        "exact_vs_approximate_engine_hits": exact["engine_hit_ratio"] - approx["engine_hit_ratio"],
-        "predicted_vs_engine_relative": (
-            exact.get("gateway_predicted_hit_ratio", 0.0) / exact["engine_hit_ratio"] - 1
-            if exact["engine_hit_ratio"]
-            else float("nan")
+        "exact_vs_approximate_engine_hits": (
+            exact["engine_hit_ratio"] - approx["engine_hit_ratio"] if approx else float("nan")
         ),
+        "predicted_vs_engine_relative": _relative(exact),
     }
-    if len(results) == 3:
-        off = results[1]
+    if len(discounts) == 2:
+        off = results[-1 - len(shares)]
         summary["exact_off"] = off
-        summary["off_predicted_vs_engine_relative"] = (
-            off.get("gateway_predicted_hit_ratio", 0.0) / off["engine_hit_ratio"] - 1
-            if off["engine_hit_ratio"]
-            else float("nan")
-        )
+        summary["off_predicted_vs_engine_relative"] = _relative(off)
+    if len(shares) == 2:
+        unshared = results[-2]
+        summary["exact_unshared"] = unshared
+        summary["unshared_predicted_vs_engine_relative"] = _relative(unshared)
     if a.json:
         print(json.dumps(summary))
         return

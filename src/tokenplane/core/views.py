@@ -89,6 +89,10 @@ class InstanceView(msgspec.Struct, frozen=True):
     labels: Mapping[str, str] = msgspec.field(default_factory=_empty_labels)
     adapters: frozenset[str] = frozenset()
     """LoRA adapters resident on the instance (vLLM's ``vllm:lora_requests_info``; the twin's slots)."""
+    peer_outstanding_requests: int = 0
+    peer_outstanding_tokens: int = 0
+    """The other control planes' ``outstanding_*`` on the instance (other gateway replicas, shared
+    through the state backend as of its last sync); 0 where none shares them (one replica, the twin)."""
 
 
 class RouteReason(StrEnum):

@@ -47,6 +47,7 @@ from tokenplane.gateway.transports.httptools_client import HttptoolsTransport, U
 from tokenplane.gateway.upstreams import Upstream, UpstreamPool
 from tokenplane.gateway.workflows import Workflows
 from tokenplane.gateway.working_set import InMemoryWorkingSet, WorkingSetCollector, WorkingSetStore
+from tokenplane.shared_state.in_flight import PeerLoad, SharedInFlight
 from tokenplane.shared_state.redis_backend import RedisState
 from tokenplane.shared_state.routing import SharedPrefixRouter, learn, prefix_index_of
 
@@ -171,9 +172,12 @@ class Gateway:
             self.deferral = {m.name: DeferralRoom(self.admission[m.name], m.deferral) for m in config.models}
 
     def _share(self, shared: RedisState) -> None:
-        """Several replicas: breaker transitions and routing decisions go to the others, and
-        theirs come here (:mod:`tokenplane.shared_state.redis_backend`)."""
+        """Several replicas: breaker transitions, routing decisions and (``share_in_flight``) the
+        in-flight work per instance go to the others, and theirs come here
+        (:mod:`tokenplane.shared_state.redis_backend`)."""
         self.shared = shared
+        if shared.config.share_in_flight:
+            shared.in_flight(SharedInFlight(self._own_in_flight, self._peer_in_flight))
         self.resilience.peers = shared
         shared.on_breaker = self._adopt_breaker
         for m in self.catalog.models:
@@ -182,6 +186,13 @@ class Gateway:
                 self._shared_indexes[m.name] = index
                 m.router = SharedPrefixRouter(m.router, index, m.name, shared)
         shared.on_prefix = self._learn_routed
+
+    def _own_in_flight(self) -> list[tuple[str, int, int]]:
+        return [(u.id, u.in_flight, u.in_flight_tokens) for u in self.pool]
+
+    def _peer_in_flight(self, peers: PeerLoad) -> None:
+        for u in self.pool:
+            u.set_peer_in_flight(*peers.get(u.id, (0, 0)))
 
     def _adopt_breaker(self, instance_id: str, state: str, cooldown_s: float) -> None:
         self.resilience.adopt(instance_id, state, cooldown_s, time.monotonic())

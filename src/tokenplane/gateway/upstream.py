@@ -88,6 +88,7 @@ class Upstream:
         "metrics",
         "metrics_url",
         "model",
+        "peer_in_flight",
         "runtime",
         "scraped_at",
     )
@@ -141,6 +142,8 @@ class Upstream:
         self._failures_to_down = health.failures_to_down
         self.in_flight = 0
         self.in_flight_tokens = 0
+        # the other gateway replicas' (requests, tokens) here, as the state backend last synced them
+        self.peer_in_flight = (0, 0)
         self.metrics = RuntimeMetrics()
         self.scraped_at: float | None = None
         self._healthy = True  # optimistic until the first probe; a failed request counts too
@@ -184,6 +187,12 @@ class Upstream:
         self.in_flight -= 1
         self.in_flight_tokens -= tokens
         self._view = None
+
+    def set_peer_in_flight(self, requests: int, tokens: int) -> None:
+        """The other replicas' in-flight work here (:mod:`tokenplane.shared_state.in_flight`)."""
+        if (requests, tokens) != self.peer_in_flight:
+            self.peer_in_flight = (requests, tokens)
+            self._view = self._base = None
 
     def record_success(self) -> None:
         if self.consecutive_failures:
@@ -281,6 +290,8 @@ class Upstream:
             predicted_ttft_s=self._ttft.view_ttft_s(int(m.waiting), self._weights),
             labels=self.labels,
             adapters=m.lora_adapters,
+            peer_outstanding_requests=self.peer_in_flight[0],
+            peer_outstanding_tokens=self.peer_in_flight[1],
         )
 
     def describe(self) -> dict[str, Any]:

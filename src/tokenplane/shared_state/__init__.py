@@ -4,7 +4,9 @@
   the ``memory`` backend, and every backend's fallback);
 * :mod:`~tokenplane.shared_state.redis_backend`: the ``redis`` backend (limits by Lua script,
   concurrency by leases, breakers and the prefix index by pub/sub; fail open on local state);
-* :mod:`~tokenplane.shared_state.routing`: the prefix index shared between replicas.
+* :mod:`~tokenplane.shared_state.routing`: the prefix index shared between replicas;
+* :mod:`~tokenplane.shared_state.in_flight`: each instance's in-flight work, fleet-wide (for the
+  KV survival estimate).
 
 The README's "Several replicas" section says what each backend guarantees.
 """

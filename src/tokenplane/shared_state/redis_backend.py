@@ -15,6 +15,9 @@ What is shared, and how fresh each replica's view is:
   (:mod:`~tokenplane.shared_state.counters`): read from memory, synced every ``sync_interval_s``.
 * The KV working set (:mod:`~tokenplane.shared_state.working_set`): read from memory, synced every
   ``sync_interval_s`` (one script call per model with a working-set limit).
+* Each instance's in-flight work (:mod:`~tokenplane.shared_state.in_flight`, ``share_in_flight``):
+  every ``sync_interval_s`` each replica writes a snapshot of its own (expiring) and reads the
+  others' sums, which the instance views carry to the KV survival estimate.
 * The response cache: entries stored in Redis (``SET`` with the model's ``ttl_s``, bodies up to
   ``cache_max_entry_bytes``) behind each replica's own cache; a local miss asks Redis (one
   pipelined ``GET``/``PTTL``, only for cacheable requests of a model that caches) and keeps what it
@@ -62,6 +65,7 @@ from redis.exceptions import RedisError
 from tokenplane.gateway.config import StateConfig
 from tokenplane.shared_state.counters import SyncedCounterStore
 from tokenplane.shared_state.errors import BackendUnavailable
+from tokenplane.shared_state.in_flight import SharedInFlight, ttl_s
 from tokenplane.shared_state.quotas import (
     ADMITTED,
     CHECK_ORDER,
@@ -71,7 +75,7 @@ from tokenplane.shared_state.quotas import (
     TenantQuota,
 )
 from tokenplane.shared_state.resp import SEND_DELAY_S, RespConnection
-from tokenplane.shared_state.scripts import ACQUIRE, RELEASE, RENEW, SYNC, WORKING_SET
+from tokenplane.shared_state.scripts import ACQUIRE, IN_FLIGHT, RELEASE, RENEW, SYNC, WORKING_SET
 from tokenplane.shared_state.state_metrics import StateMetrics
 from tokenplane.shared_state.working_set import SharedWorkingSet
 
@@ -117,6 +121,8 @@ class RedisState:
         self._renew = self.client.register_script(RENEW)
         self._sync = self.client.register_script(SYNC)
         self._ws_sync = self.client.register_script(WORKING_SET)
+        self._if_sync = self.client.register_script(IN_FLIGHT)
+        self._in_flight: SharedInFlight | None = None
         self._counters: list[SyncedCounterStore] = []
         self._working_sets: list[SharedWorkingSet] = []
         self._leases: dict[str, str] = {}  # member -> lease set, for requests holding a slot
@@ -170,6 +176,8 @@ class RedisState:
             store.isolate()
         for ws in self._working_sets:
             ws.isolate()
+        if self._in_flight is not None:
+            self._in_flight.isolate()
         self.metrics.up.set(0)
         log.warning(
             "shared state: Redis at %s unavailable (%s: %s); running on local state until it answers",
@@ -305,6 +313,8 @@ class RedisState:
                 store.merge(keys, [float(x) for x in others])
             if self.up:
                 await self._sync_working_sets()
+            if self.up:
+                await self._sync_in_flight()
 
     # -- the KV working set ---------------------------------------------------------------------
     def working_set(self, models: Sequence[str]) -> SharedWorkingSet:
@@ -326,6 +336,24 @@ class RedisState:
                     return
                 ws.merge(model, flat)
             ws.synced()
+
+    # -- each instance's in-flight work -----------------------------------------------------------
+    def in_flight(self, shared: SharedInFlight) -> None:
+        """Share this replica's in-flight work per instance, synced every ``sync_interval_s``."""
+        self._in_flight = shared
+
+    async def _sync_in_flight(self) -> None:
+        shared = self._in_flight
+        if shared is None:
+            return
+        base = f"{self.prefix}if:"
+        args = [ttl_s(self.config.sync_interval_s), base, self.replica_id, *shared.take_own()]
+        try:
+            flat = await self._if_sync(keys=[self.prefix + "if", base + self.replica_id], args=args)
+        except _FAILURES as exc:
+            self._fail("in_flight", exc)
+            return
+        shared.merge(flat)
 
     # -- the response cache ---------------------------------------------------------------------
     def cache_key(self, parts: tuple[str, str, str, bytes]) -> str:

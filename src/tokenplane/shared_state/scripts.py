@@ -195,3 +195,52 @@ return redis.call('HGETALL', KEYS[1])
              every task and tombstone (flat list), after dropping what no replica has seen for
              ``idle ttl`` (Redis's clock). A write older than the task's step is ignored: a
              step reported late by one replica does not bring back a task another saw end."""
+
+IN_FLIGHT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local ttl = tonumber(ARGV[1])
+local base = ARGV[2]
+local me = ARGV[3]
+redis.call('DEL', KEYS[2])
+for i = 4, #ARGV, 3 do
+  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1] .. ' ' .. ARGV[i + 2])
+end
+redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000))
+redis.call('ZADD', KEYS[1], now + ttl, me)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * 1000) + 1000)
+local sums = {}
+local order = {}
+for _, replica in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if replica ~= me then
+    local flat = redis.call('HGETALL', base .. replica)
+    for j = 1, #flat, 2 do
+      local n, tok = string.match(flat[j + 1], '^(%d+) (%d+)$')
+      local s = sums[flat[j]]
+      if not s then
+        s = {0, 0}
+        sums[flat[j]] = s
+        order[#order + 1] = flat[j]
+      end
+      s[1] = s[1] + tonumber(n)
+      s[2] = s[2] + tonumber(tok)
+    end
+  end
+end
+local out = {}
+for _, instance in ipairs(order) do
+  out[#out + 1] = instance
+  out[#out + 1] = sums[instance][1]
+  out[#out + 1] = sums[instance][2]
+end
+return out
+"""
+"""IN_FLIGHT  KEYS: the live replicas (sorted set by expiry), this replica's snapshot (hash of
+           "requests tokens" per instance)
+           ARGV: ttl s, the snapshots' key base (``base .. replica id``: read by name, as a single
+           Redis allows), this replica's id, then (instance, requests, tokens) triples of its
+           in-flight work now -> the other live replicas' sums, flat (instance, requests, tokens).
+           The snapshot replaces the last one (never a delta: nothing accumulates) and expires after
+           ``ttl`` with the replica's entry in the set (Redis's clock), so a dead replica's share
+           leaves the others' sums within ``ttl``."""

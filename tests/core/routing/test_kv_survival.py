@@ -3,6 +3,7 @@ room for everything, less as the queued work overcommits the KV cache, never mor
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -36,6 +37,27 @@ def test_examples() -> None:
     assert surviving_prefix_tokens(1600, r, inst(4000, requests=2, running=3, waiting=1)) == 1227
     assert surviving_prefix_tokens(1600, r, inst(8000, capacity=0)) == 1600  # capacity unknown
     assert surviving_prefix_tokens(0, r, inst(8000)) == 0
+
+
+def test_peer_replicas_work_counts_as_known() -> None:
+    r = req(2000, 100)
+    # the other replica shares its 4000 tokens in flight there: 8000 in all, as if one control plane
+    shared = msgspec.structs.replace(inst(4000), peer_outstanding_requests=2, peer_outstanding_tokens=4000)
+    assert queued_kv_tokens(shared) == 8000
+    assert surviving_prefix_tokens(1600, r, shared) == 1227
+    # nothing from here, the peer's work alone: it is known, so it counts (no scrape needed)
+    theirs = msgspec.structs.replace(inst(0, 0), peer_outstanding_requests=2, peer_outstanding_tokens=8000)
+    assert surviving_prefix_tokens(1600, r, theirs) == 1227
+    # the instance reports more than both replicas know of: scaled by reported / known (4 / 2)
+    more = msgspec.structs.replace(
+        inst(2000, 1, running=3, waiting=1), peer_outstanding_requests=1, peer_outstanding_tokens=2000
+    )
+    assert queued_kv_tokens(more) == 8000
+    # reported fewer than known (a stale scrape): no scaling down
+    stale = msgspec.structs.replace(
+        inst(4000, running=1), peer_outstanding_requests=2, peer_outstanding_tokens=4000
+    )
+    assert queued_kv_tokens(stale) == 8000
 
 
 matched_st = st.integers(0, 20_000)
@@ -90,3 +112,17 @@ def test_free_kv_for_everything_keeps_the_full_match(
     view = inst(tokens, n, reported, 0, cap)
     if queued_kv_tokens(view) + max(0, prompt - matched) + out <= cap:
         assert surviving_prefix_tokens(matched, req(prompt, out), view) == matched
+
+
+@given(matched_st, tokens_st, tokens_st, requests_st, requests_st, reported_st, capacity_st, prompt_st,
+       out_st)  # fmt: skip
+def test_peer_work_never_leaves_more(
+    matched: int, tokens: int, peer: int, n: int, pn: int, reported: int, cap: int, prompt: int, out: int
+) -> None:
+    r = req(prompt, out)
+    alone = inst(tokens, n, reported, 0, cap)
+    shared = msgspec.structs.replace(alone, peer_outstanding_requests=pn, peer_outstanding_tokens=peer)
+    if pn == 0 or tokens * pn <= peer * n:
+        # the peers' work is at least as heavy per request as this replica's: never more survives
+        assert surviving_prefix_tokens(matched, r, shared) <= surviving_prefix_tokens(matched, r, alone)
+    assert 0 <= surviving_prefix_tokens(matched, r, shared) <= matched

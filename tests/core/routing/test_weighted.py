@@ -6,6 +6,8 @@ import math
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.registry import BuildContext, PluginSpec, build
@@ -13,6 +15,7 @@ from tokenplane.core.routing import WeightedRouter, build_router
 from tokenplane.core.routing.base import FILTERS, PICKERS, SCORERS
 from tokenplane.core.routing.filters import KvBelowFilter, QueueBelowFilter, ReadyFilter
 from tokenplane.core.routing.pickers import MaxScorePicker, RandomTopPicker
+from tokenplane.core.routing.prefix_affinity import surviving_depths
 from tokenplane.core.routing.scorers import (
     KvUsageScorer,
     OutstandingTokensScorer,
@@ -126,6 +129,65 @@ def test_prefix_overlap_reads_the_engines_caches_in_precise_mode() -> None:
         cached_prefix_tokens={"b": 48, "c": 640},
     )  # fmt: skip
     assert scorer.score(exact, [iv("a"), iv("b"), iv("c")], now=0) == [0.0, 0.75, 1.0]
+
+
+def test_prefix_overlap_discounts_a_queue_that_overcommits_the_cache() -> None:
+    """Precise mode counts only what survives the instance's queue, by prefix-affinity's rule: "a"
+    holds more, but 8,000 tokens in flight against a 5,000-token cache leave sqrt(5000 / 8500) of
+    it (1227 of 1600 tokens); "b" is idle and keeps its 1300."""
+    exact = RequestInfo("r", "m", prompt_tokens=2000, max_output_tokens=100,
+                        cached_prefix_tokens={"a": 1600, "b": 1300})  # fmt: skip
+    a = iv("a", outstanding_requests=2, outstanding_tokens=8000, kv_capacity_tokens=5000)
+    b = iv("b", kv_capacity_tokens=5000)
+    assert PrefixOverlapScorer().score(exact, [a, b], now=0) == [1227 / 2000, 0.65]
+    assert PrefixOverlapScorer(queue_discount=False).score(exact, [a, b], now=0) == [0.8, 0.65]
+    # the other replicas' share counts as known work: half from here, half from a peer, same figure
+    half = iv("a", outstanding_requests=1, outstanding_tokens=4000, kv_capacity_tokens=5000,
+              peer_outstanding_requests=1, peer_outstanding_tokens=4000)  # fmt: skip
+    assert PrefixOverlapScorer().score(exact, [half, b], now=0) == [1227 / 2000, 0.65]
+    # and the weighted router picks by it: "b" wins with the discount, "a" without
+    scorers = [{"name": "prefix-overlap"}]
+    assert weighted({"scorers": scorers}).select(exact, [a, b], now=0).instance_id == "b"
+    off = [{"name": "prefix-overlap", "params": {"queue_discount": False}}]
+    assert weighted({"scorers": off}).select(exact, [a, b], now=0).instance_id == "a"
+
+
+def test_prefix_overlap_rejects_unknown_params() -> None:
+    with pytest.raises(InvalidPolicyConfig, match="prefix-overlap"):
+        weighted({"scorers": [{"name": "prefix-overlap", "params": {"discount": True}}]})
+
+
+_views = st.builds(
+    InstanceView,
+    instance_id=st.sampled_from(["i0", "i1", "i2", "i3"]),
+    outstanding_requests=st.integers(0, 40),
+    outstanding_tokens=st.integers(0, 50_000),
+    running=st.integers(0, 40),
+    waiting=st.integers(0, 40),
+    kv_capacity_tokens=st.integers(0, 20_000),
+    peer_outstanding_requests=st.integers(0, 40),
+    peer_outstanding_tokens=st.integers(0, 50_000),
+)
+
+
+@given(
+    cands=st.lists(_views, min_size=1, max_size=4, unique_by=lambda v: v.instance_id),
+    cached=st.dictionaries(st.sampled_from(["i0", "i1", "i2", "i3"]), st.integers(0, 20_000)),
+    prompt=st.integers(1, 20_000),
+    out=st.integers(0, 4096),
+)
+def test_prefix_overlap_and_prefix_affinity_discount_alike(
+    cands: list[InstanceView], cached: dict[str, int], prompt: int, out: int
+) -> None:
+    """One rule: the scorer's discounted score is prefix-affinity's surviving depth over the prompt,
+    in [0, 1] and never above the undiscounted score."""
+    request = RequestInfo("r", "m", prompt_tokens=prompt, max_output_tokens=out, cached_prefix_tokens=cached)
+    on = PrefixOverlapScorer().score(request, cands, now=0)
+    off = PrefixOverlapScorer(queue_discount=False).score(request, cands, now=0)
+    kept = surviving_depths(request, cached, cands)
+    for v, s, raw in zip(cands, on, off, strict=True):
+        assert s == min(1.0, kept.get(v.instance_id, 0) / prompt)
+        assert 0.0 <= s <= raw <= 1.0
 
 
 # -- pickers ------------------------------------------------------------------------------------

@@ -8,11 +8,13 @@ it. No KV event announces that in advance, so the estimate reads the instance's 
 
 :func:`surviving_prefix_tokens`, per instance, from its view:
 
-* ``W``, the in-flight work's KV footprint: the control plane's own ``outstanding_tokens`` (prompt
-  plus the most output of every request it has in flight there: the freshest figure). Where the
-  instance reports more requests (``running + waiting``) than this control plane has in flight,
-  others (another gateway replica) send to it as well: ``W`` is scaled by reported / own. With
-  nothing in flight from here, ``W`` is 0 (a reported count alone is too stale to act on).
+* ``W``, the in-flight work's KV footprint: the control planes' ``outstanding_tokens`` (prompt
+  plus the most output of every request in flight there: the freshest figure), this one's own plus
+  what the other gateway replicas share (``peer_outstanding_*``, as of the state backend's last
+  sync; 0 with one replica or none shared). Where the instance reports more requests
+  (``running + waiting``) than those control planes have in flight, others send to it as well:
+  ``W`` is scaled by reported / known. With nothing known in flight, ``W`` is 0 (a reported count
+  alone is too stale to act on).
 * ``D = W + (prompt - matched) + max_output``: the footprint once this request runs (the matched
   blocks it reuses are not counted again).
 * With ``W = 0`` (nothing queued ahead) or ``D <= capacity`` (everything fits) the whole match
@@ -38,13 +40,13 @@ from tokenplane.core.views import InstanceView, RequestInfo
 
 def queued_kv_tokens(view: InstanceView) -> float:
     """The in-flight work's KV footprint on the instance, in tokens (``W`` above)."""
-    own = view.outstanding_requests
-    if own <= 0:
+    known = view.outstanding_requests + view.peer_outstanding_requests
+    if known <= 0:
         return 0.0
-    tokens = float(view.outstanding_tokens)
+    tokens = float(view.outstanding_tokens + view.peer_outstanding_tokens)
     reported = view.running + view.waiting
-    if reported > own:
-        tokens *= reported / own
+    if reported > known:
+        tokens *= reported / known
     return tokens
 
 

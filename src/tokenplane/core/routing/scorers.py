@@ -9,14 +9,18 @@ cannot dominate a profile's weighted sum. Results are lists aligned with the can
   ``on_routed``; a scorer built on its own gets a private, empty index. 0 for every candidate when
   the request has no full block. Cost: the index walk plus one dict read per candidate. In precise
   mode (``RequestInfo.cached_prefix_tokens`` filled from the engines' KV events) the score is an
-  instance's cached leading tokens / ``prompt_tokens`` instead, and the index is not read.
+  instance's cached leading tokens / ``prompt_tokens`` instead, and the index is not read; with
+  ``queue_discount`` (default true) only the cached tokens expected to survive the instance's queue
+  count, by the rule ``prefix-affinity`` uses
+  (:func:`~tokenplane.core.routing.kv_survival.surviving_prefix_tokens`).
 * ``queue-depth``: ``1 − (waiting + running) / max`` over the candidates; 1 for all when the max is 0.
 * ``outstanding-tokens``: ``1 − outstanding_tokens / max`` over the candidates; 1 for all when 0.
 * ``kv-usage``: ``1 − kv_usage``.
 
-None takes params. Relative scorers (queue-depth, outstanding-tokens) are normalised by the current
-maximum, so they rank well but say nothing absolute: one idle instance among saturated ones scores 1
-just like an idle instance in an idle fleet. Cost: one pass over the candidates each.
+Only ``prefix-overlap`` takes a param (``queue_discount``, bool). Relative scorers (queue-depth,
+outstanding-tokens) are normalised by the current maximum, so they rank well but say nothing
+absolute: one idle instance among saturated ones scores 1 just like an idle instance in an idle
+fleet. Cost: one pass over the candidates each.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from tokenplane.core.params import no_params
+from tokenplane.core.params import ParamReader, no_params
 from tokenplane.core.registry import BuildContext, register
 from tokenplane.core.routing.base import SCORERS
+from tokenplane.core.routing.kv_survival import surviving_prefix_tokens
 from tokenplane.core.routing.prefix_index import PrefixIndex
 from tokenplane.core.views import InstanceView, RequestInfo
 
@@ -41,8 +46,9 @@ class PrefixIndexConsumer(Protocol):
 class PrefixOverlapScorer:
     name = "prefix-overlap"
 
-    def __init__(self, index: PrefixIndex | None = None) -> None:
+    def __init__(self, index: PrefixIndex | None = None, *, queue_discount: bool = True) -> None:
         self.index = index if index is not None else PrefixIndex()
+        self.queue_discount = queue_discount
 
     def bind_prefix_index(self, index: PrefixIndex) -> None:
         self.index = index
@@ -51,7 +57,13 @@ class PrefixOverlapScorer:
         exact = request.cached_prefix_tokens
         if exact is not None:  # precise mode: the engines' reported caches, in tokens
             total_tokens = max(1, request.prompt_tokens)
-            return [min(1.0, exact.get(v.instance_id, 0) / total_tokens) for v in candidates]
+            get = exact.get
+            if not self.queue_discount:
+                return [min(1.0, get(v.instance_id, 0) / total_tokens) for v in candidates]
+            return [
+                min(1.0, surviving_prefix_tokens(get(v.instance_id, 0), request, v) / total_tokens)
+                for v in candidates
+            ]
         hashes = request.block_hashes
         depths = self.index.match(hashes) if hashes else None
         if not depths:
@@ -93,8 +105,8 @@ class KvUsageScorer:
 
 @register(SCORERS, "prefix-overlap")
 def _build_prefix(params: Mapping[str, Any], ctx: BuildContext) -> PrefixOverlapScorer:
-    no_params("scorer 'prefix-overlap'", params)
-    return PrefixOverlapScorer()
+    reader = ParamReader("scorer 'prefix-overlap'", params, ("queue_discount",))
+    return PrefixOverlapScorer(queue_discount=reader.bool_("queue_discount", True))
 
 
 @register(SCORERS, "queue-depth")

@@ -33,6 +33,9 @@ class StateConfig(Strict):
     """While Redis is down, how often the replica tries it again."""
     cache_max_entry_bytes: int = Field(1 << 20, ge=1)
     """The largest response cache entry shared through Redis (larger answers stay local)."""
+    share_in_flight: bool = True
+    """``redis``: share each instance's in-flight work between replicas (one script call per
+    ``sync_interval_s``), so the KV survival estimate sees the fleet's queue, not this replica's."""
     rate_window_s: float = Field(60.0, gt=0)
     """The per-minute limits' window (``rpm_limit``, ``tpm_limit``, ...): 60 s; shorter in tests."""
 
