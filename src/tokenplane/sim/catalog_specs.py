@@ -95,6 +95,9 @@ class GpuSpec:
     # Decode attention (paged KV reads) reaches this fraction of what the weight reads reach
     # (``mem_efficiency``): a step's KV bytes cost kv_bytes / (hbm_bw * mem_efficiency * this).
     kv_read_efficiency: float = DEFAULT_KV_READ_EFFICIENCY
+    # The memory technology ("gddr6x", "hbm3"...; None: not stated). A catalogue entry that gives
+    # it without a mem_efficiency takes its prior from it (tokenplane.sim.memory_tech).
+    memory_type: str | None = None
     aliases: tuple[str, ...] = ()
 
     @property
