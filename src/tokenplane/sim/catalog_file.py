@@ -2,7 +2,8 @@
 catalogue's known GPUs and models, and reading a catalogue YAML file. A model entry may take its
 shape from a Hugging Face ``config.json`` (:mod:`tokenplane.sim.hf_config`); a GPU entry may be
 given by datasheet figures alone (``replace: true``; its efficiencies then default to the
-documented means in :mod:`tokenplane.sim.catalog_specs`)."""
+documented means in :mod:`tokenplane.sim.catalog_specs`, its memory efficiency to the prior of its
+``memory_type`` when it gives one: :mod:`tokenplane.sim.memory_tech`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tokenplane.sim.catalog_specs import (
     DEFAULT_COMPUTE_EFFICIENCY,
@@ -27,6 +28,7 @@ from tokenplane.sim.catalog_specs import (
     model_key,
 )
 from tokenplane.sim.errors import CatalogError
+from tokenplane.sim.memory_tech import MemoryType, mem_efficiency_prior
 
 
 # --- Config schema (pydantic) ---------------------------------------------------------------------
@@ -48,7 +50,13 @@ class GpuConfig(BaseModel):
     layer_overhead_s: float = Field(default=DEFAULT_LAYER_OVERHEAD_S, ge=0)
     knee_sharpness: float = Field(default=DEFAULT_KNEE_SHARPNESS, ge=1)
     kv_read_efficiency: float = Field(default=DEFAULT_KV_READ_EFFICIENCY, gt=0, le=1)
+    memory_type: MemoryType | None = None
     aliases: tuple[str, ...] = ()
+
+    @field_validator("memory_type", mode="before")
+    @classmethod
+    def _lower_memory_type(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
 
 
 class ModelConfig(BaseModel):
@@ -162,6 +170,10 @@ def merge_entries(
             gc = GpuConfig.model_validate({**base, **fields})
         except ValidationError as e:
             raise CatalogError(_format_validation_error(f"gpus.{name}", e)) from e
+        if gc.memory_type is not None and "mem_efficiency" not in fields and (existing is None or replace):
+            # Defined from its own figures, with its memory but no efficiency: the memory
+            # technology's prior instead of the documented mean (a known GPU's fit is inherited).
+            gc = gc.model_copy(update={"mem_efficiency": mem_efficiency_prior(gc.memory_type)})
         new_name = existing.name if existing is not None else gpu_key(name)
         gpus[new_name] = GpuSpec(name=new_name, **gc.model_dump())
     for name, raw in cfg.models.items():

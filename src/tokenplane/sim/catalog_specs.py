@@ -12,7 +12,9 @@ Calibration (re-run with ``python -m tokenplane.sim.calibrate --traces DIR``):
   floor from the weight-read time, which both scale with the layer count at TP1).
 * H200 reuses the H100 (same Hopper SM) efficiencies; L40S, RTX 4090 and RTX PRO 6000 have no
   profiles: they get the mean of the fitted H100/A100 efficiencies (an assumption, to be refined by
-  the engine-level calibration against the vLLM measurements).
+  the engine-level calibration against the vLLM measurements). A catalogue entry defined from its
+  own figures that states its ``memory_type`` gets a memory efficiency scaled from that mean by
+  published streaming-read fractions instead (:mod:`tokenplane.sim.memory_tech`).
 * ``layer_overhead_s`` is the per-layer floor of the many tiny kernels (norms, rope, adds at one
   token). ``step_overhead_s`` fits to ~0 on the profiles, which hold GPU kernel time only: the
   serving engine's CPU time per step (scheduling, sampling) is for the engine-level calibration
@@ -95,6 +97,9 @@ class GpuSpec:
     # Decode attention (paged KV reads) reaches this fraction of what the weight reads reach
     # (``mem_efficiency``): a step's KV bytes cost kv_bytes / (hbm_bw * mem_efficiency * this).
     kv_read_efficiency: float = DEFAULT_KV_READ_EFFICIENCY
+    # The memory technology ("gddr6x", "hbm3"...; None: not stated). A catalogue entry that gives
+    # it without a mem_efficiency takes its prior from it (tokenplane.sim.memory_tech).
+    memory_type: str | None = None
     aliases: tuple[str, ...] = ()
 
     @property
