@@ -41,7 +41,8 @@ bound endpoint, so the request path is the precise one::
 of indented lines, sometimes two spaces after a full stop) instead of words one space apart.
 
 ``--encoder`` picks the library that encodes (``models[].tokenizer.encoder``: ``auto`` takes
-tiktoken where it is exact for the tokenizer, ``hf`` the ``tokenizers`` library always).
+fastokens, else tiktoken, where it is exact for the tokenizer, ``hf`` the ``tokenizers`` library
+always).
 
 Single-turn chats (no prefix reuse: every request renders and tokenizes its whole prompt) are the
 default bodies; ``--kv-events`` binds the endpoints without a tokenizer too::
@@ -389,7 +390,7 @@ def main() -> None:
     p.add_argument("--tokenizer", type=Path, help="the model's tokenizer folder (models[].tokenizer)")
     p.add_argument(
         "--encoder",
-        choices=("auto", "tiktoken", "hf"),
+        choices=("auto", "fastokens", "tiktoken", "hf"),
         default="auto",
         help="with --tokenizer: models[].tokenizer.encoder (hf: the tokenizers library always)",
     )

@@ -1,12 +1,14 @@
-"""The encoder behind the local tokenizer: tiktoken where it gives the ``tokenizers`` library's ids
-exactly, checked at load, else ``tokenizers`` with the reason."""
+"""The encoder behind the local tokenizer: fastokens, else tiktoken, where it gives the
+``tokenizers`` library's ids exactly, checked at load, else ``tokenizers`` with the reason."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import shutil
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,6 +19,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from tokenplane.gateway.errors import ConfigError
 from tokenplane.gateway.tokenization import LocalTokenizer, TokenizerConfig
 from tokenplane.gateway.tokenization.encoder import GPT2_PATTERN, PROBE, TiktokenEncoder
+from tokenplane.gateway.tokenization.exactness import NotExact
+from tokenplane.gateway.tokenization.fast import FastokensEncoder, check_fast
 from tokenplane.gateway.tokenization.plain import _WIDE_GAP, may_have_wide_gap, plain_pattern
 
 LLAMA3_PATTERN = (
@@ -66,14 +70,25 @@ def _edited(src: Path, dst: Path, edit: Any) -> Path:
     return dst
 
 
-def test_byte_level_tokenizers_run_on_tiktoken(tokenizer_dir: Path, split_dir: Path) -> None:
+def test_byte_level_tokenizers_run_on_fastokens_else_tiktoken(
+    tokenizer_dir: Path, split_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for folder in (tokenizer_dir, split_dir):
         tok = LocalTokenizer(folder)
-        assert (tok.encoder.name, tok.encoder_reason) == ("tiktoken", None)
-    # the post-processor's BOS on text prompts, as tokenizers adds it
-    tok = LocalTokenizer(split_dir)
-    assert tok.text("hello there") == tok.tokenizer.encode("hello there", add_special_tokens=True).ids
-    assert tok.text("hello there")[0] == tok.tokenizer.token_to_id(SPECIALS[0])
+        assert (tok.encoder.name, tok.encoder_reason) == ("fastokens", None)
+        assert LocalTokenizer(folder, encoder="tiktoken").encoder.name == "tiktoken"
+        # the post-processor's BOS on text prompts, as tokenizers adds it
+        want = tok.tokenizer.encode("hello there", add_special_tokens=True).ids
+        assert tok.text("hello there") == want
+        assert LocalTokenizer(folder, encoder="tiktoken").text("hello there") == want
+    split = LocalTokenizer(split_dir)
+    assert split.text("hello there")[0] == split.tokenizer.token_to_id(SPECIALS[0])
+    monkeypatch.setitem(sys.modules, "fastokens", None)  # as where it is not installed
+    tok = LocalTokenizer(tokenizer_dir)
+    assert tok.encoder.name == "tiktoken"
+    assert tok.encoder_reason == "fastokens: fastokens is not installed"
+    with pytest.raises(ConfigError, match="fastokens is not exact: fastokens is not installed"):
+        LocalTokenizer(tokenizer_dir, encoder="fastokens")
 
 
 def _text(added: list[str]) -> st.SearchStrategy[str]:
@@ -87,17 +102,23 @@ def _text(added: list[str]) -> st.SearchStrategy[str]:
 
 @pytest.fixture(scope="module")
 def loaded(tokenizer_dir: Path, split_dir: Path) -> dict[str, LocalTokenizer]:
-    return {"tiny": LocalTokenizer(tokenizer_dir), "split": LocalTokenizer(split_dir)}
+    """tiktoken's encoders (``tiny``, ``split``) and fastokens' (``tiny-fast``, ``split-fast``)."""
+    return {
+        "tiny": LocalTokenizer(tokenizer_dir, encoder="tiktoken"),
+        "split": LocalTokenizer(split_dir, encoder="tiktoken"),
+        "tiny-fast": LocalTokenizer(tokenizer_dir, encoder="fastokens"),
+        "split-fast": LocalTokenizer(split_dir, encoder="fastokens"),
+    }
 
 
-@pytest.mark.parametrize("which", ["tiny", "split"])
+@pytest.mark.parametrize("which", ["tiny", "split", "tiny-fast", "split-fast"])
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_tiktoken_ids_are_tokenizers_ids(
+def test_fast_encoders_ids_are_tokenizers_ids(
     which: str, loaded: dict[str, LocalTokenizer], data: st.DataObject
 ) -> None:
     tok = loaded[which]
-    assert tok.encoder.name == "tiktoken"
+    assert tok.encoder.name == ("fastokens" if which.endswith("-fast") else "tiktoken")
     text = data.draw(_text(sorted(t.content for t in tok.tokenizer.get_added_tokens_decoder().values())))
     enc = tok.encoder.encode(text)
     want = tok.tokenizer.encode(text, add_special_tokens=False)
@@ -141,17 +162,22 @@ def _prefix_token(spec: dict[str, Any]) -> None:
     ],
 )
 def test_what_tiktoken_cannot_run_exactly_falls_back_with_its_reason(
-    tokenizer_dir: Path, tmp_path: Path, edit: Any, reason: str
+    tokenizer_dir: Path, tmp_path: Path, edit: Any, reason: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = _edited(tokenizer_dir, tmp_path / "tok", edit)
+    text = "<|im_start|>user\nHi there<|im_end|>\n"
+    with pytest.raises(ConfigError, match="tiktoken is not exact"):
+        LocalTokenizer(folder, encoder="tiktoken")
+    # fastokens reads tokenizer.json itself: where it is exact it runs these too
+    tok = LocalTokenizer(folder)
+    assert tok.encoder.name in ("fastokens", "hf")
+    assert tok.text(text) == tok.tokenizer.encode(text).ids
+    monkeypatch.setitem(sys.modules, "fastokens", None)
     tok = LocalTokenizer(folder)
     assert tok.encoder.name == "hf"
     assert tok.encoder_reason is not None and reason in tok.encoder_reason
     # and it still tokenizes, as tokenizers does
-    text = "<|im_start|>user\nHi there<|im_end|>\n"
     assert tok.text(text) == tok.tokenizer.encode(text).ids
-    with pytest.raises(ConfigError, match="tiktoken is not exact"):
-        LocalTokenizer(folder, encoder="tiktoken")
 
 
 def test_a_probe_mismatch_falls_back(tokenizer_dir: Path, tmp_path: Path) -> None:
@@ -168,15 +194,51 @@ def test_a_probe_mismatch_falls_back(tokenizer_dir: Path, tmp_path: Path) -> Non
         vocab[x + y] = max(vocab.values()) + 1
 
     folder = _edited(tokenizer_dir, tmp_path / "tok", unreachable)
-    tok = LocalTokenizer(folder)
-    assert tok.encoder.name == "hf"
-    assert tok.encoder_reason is not None and "differ" in tok.encoder_reason
+    with pytest.raises(ConfigError, match="tiktoken is not exact: vocabulary entry"):
+        LocalTokenizer(folder, encoder="tiktoken")
+    assert LocalTokenizer(folder).encoder.name == "fastokens"  # it merges as tokenizers does
+
+
+class _OffByOne:
+    """fastokens, but one id in the vocabulary's upper half comes out as its neighbour."""
+
+    def __init__(self, tokenizer: Any, wrong: int) -> None:
+        self.tokenizer = tokenizer
+        self.wrong = wrong
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> Any:
+        ids = [i + 1 if i == self.wrong else i for i in self.tokenizer.encode(text, add_special_tokens).ids]
+        return SimpleNamespace(ids=ids)
+
+
+def test_a_fastokens_mismatch_is_caught_by_the_vocabulary_check(tokenizer_dir: Path) -> None:
+    """An id the probe never produces still shows: the check encodes the whole vocabulary."""
+    tok = LocalTokenizer(tokenizer_dir, encoder="fastokens")
+    encoder = tok.encoder
+    assert isinstance(encoder, FastokensEncoder)
+    added = {t.content: i for i, t in tok.tokenizer.get_added_tokens_decoder().items()}
+    probe_ids = {i for text in PROBE for i in tok.tokenizer.encode(text, add_special_tokens=False).ids}
+    vocab = tok.tokenizer.get_vocab()
+    wrong = max(i for i in vocab.values() if i not in probe_ids and i not in added.values())
+    fake = FastokensEncoder(_OffByOne(encoder._tokenizer, wrong), added)
+    with pytest.raises(NotExact, match="vocabulary text"):
+        check_fast(tok.tokenizer, fake, added)
+    check_fast(tok.tokenizer, encoder, added)  # the real one passes
+
+
+def test_lone_surrogates_are_refused_as_tokenizers_refuses_them(tokenizer_dir: Path) -> None:
+    """Not UTF-8: an error the tokenize stage turns into approximate routing, never other ids."""
+    tok = LocalTokenizer(tokenizer_dir, encoder="fastokens")
+    with pytest.raises(UnicodeEncodeError):
+        tok.text("a\ud800b")
 
 
 def test_the_encoder_knob(tokenizer_dir: Path) -> None:
     tok = LocalTokenizer(tokenizer_dir, encoder="hf")
     assert (tok.encoder.name, tok.encoder_reason) == ("hf", "encoder: hf configured")
     assert LocalTokenizer(tokenizer_dir, encoder="tiktoken").encoder.name == "tiktoken"
+    assert LocalTokenizer(tokenizer_dir, encoder="fastokens").encoder.name == "fastokens"
+    assert TokenizerConfig(path=str(tokenizer_dir), encoder="fastokens").encoder == "fastokens"
     assert TokenizerConfig(path=str(tokenizer_dir)).encoder == "auto"
     with pytest.raises(ValueError, match="'encoder' is for source: local"):
         TokenizerConfig(source="remote", encoder="hf")
@@ -286,7 +348,11 @@ def test_cuts_only_where_they_are_exact(
         ),
         "spaced": _edited(split_dir, tmp_path / "spaced", _spaced_token),
     }
-    tokenizers = {**loaded, **{name: LocalTokenizer(d) for name, d in dirs.items()}}
+    tokenizers = {
+        "tiny": loaded["tiny"],
+        "split": loaded["split"],
+        **{name: LocalTokenizer(d, encoder="tiktoken") for name, d in dirs.items()},
+    }
     cut = {}
     for name, tok in tokenizers.items():
         encoder = tok.encoder
@@ -298,7 +364,7 @@ def test_cuts_only_where_they_are_exact(
     assert cut == {"tiny": False, "split": True, "qwen2": True, "other": None, "spaced": None}
 
 
-@pytest.mark.parametrize("which", ["tiny", "split"])
+@pytest.mark.parametrize("which", ["tiny", "split", "tiny-fast", "split-fast"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_added_tokens_found_from_the_end_of_long_texts(

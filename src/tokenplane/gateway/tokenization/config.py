@@ -4,10 +4,11 @@
     tokenizer: {source: remote, timeout_s: 1.0}       # the model's instances' POST /tokenize
     tokenizer: {path: /models/llama-3-8b, encoder: hf}  # local, always with `tokenizers`
 
-``encoder`` (local): ``auto`` (default) encodes with ``tiktoken`` where it gives exactly the ids
-``tokenizers`` gives for this ``tokenizer.json`` (checked at load), else with ``tokenizers``, the
-reason logged; ``tiktoken`` refuses to start where it would not be exact; ``hf`` never uses it
-(:mod:`~tokenplane.gateway.tokenization.encoder`).
+``encoder`` (local): ``auto`` (default) encodes with ``fastokens``, else ``tiktoken``, where it
+gives exactly the ids ``tokenizers`` gives for this ``tokenizer.json`` (checked at load), else with
+``tokenizers``, the reasons logged; ``fastokens`` or ``tiktoken`` refuses to start where that one
+would not be exact; ``hf`` uses neither (:mod:`~tokenplane.gateway.tokenization.encoder`,
+:mod:`~tokenplane.gateway.tokenization.fast`).
 
 ``cache_entries`` / ``cache_tokens`` bound the conversation-prefix cache
 (:mod:`~tokenplane.gateway.tokenization.prefix_cache`).
@@ -39,7 +40,7 @@ class TokenizerConfig(BaseModel):
     ``chat_template.jinja`` for chat)."""
     timeout_s: float = Field(1.0, gt=0)
     """remote: per ``/tokenize`` call."""
-    encoder: Literal["auto", "tiktoken", "hf"] = "auto"
+    encoder: Literal["auto", "fastokens", "tiktoken", "hf"] = "auto"
     """local: which library encodes (see the module's docstring)."""
     cache_entries: int = Field(DEFAULT_CACHE_ENTRIES, ge=0)
     cache_tokens: int = Field(DEFAULT_CACHE_TOKENS, ge=0)

@@ -63,7 +63,7 @@ from tokenplane.gateway.tokenization.plain import GPT2_PATTERN as GPT2_PATTERN
 log = logging.getLogger(__name__)
 assert array("i").itemsize == 4  # tiktoken's buffer is u32, read as int32 (ids < 2**31)
 
-EncoderChoice = Literal["auto", "tiktoken", "hf"]
+EncoderChoice = Literal["auto", "fastokens", "tiktoken", "hf"]
 
 
 class Encoded(Protocol):
@@ -385,17 +385,31 @@ def build_tiktoken(hf: Tokenizer, spec: Mapping[str, Any]) -> TiktokenEncoder:
 def load_encoder(
     hf: Tokenizer, tokenizer_file: Path, choice: EncoderChoice = "auto"
 ) -> tuple[Encoder, str | None]:
-    """The encoder to use and, where it is ``tokenizers`` though ``auto`` was asked, why.
-    ``tiktoken`` asked for and not exact raises :class:`NotExact`."""
+    """The encoder to use and, where ``auto`` could not use the fastest (fastokens, then tiktoken:
+    :mod:`.fast`), why. ``fastokens`` or ``tiktoken`` asked for and not exact raises
+    :class:`NotExact`."""
     if choice == "hf":
         return HfEncoder(hf), "encoder: hf configured"
+    spec = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+    reasons: list[str] = []
+    if choice in ("auto", "fastokens"):
+        from tokenplane.gateway.tokenization.fast import build_fastokens
+
+        try:
+            fast = build_fastokens(hf, tokenizer_file, _added_tokens(spec))
+            log.info("tokenizer %s: fastokens encodes (tokenizers' ids on the probe)", tokenizer_file)
+            return fast, None
+        except NotExact as exc:
+            if choice == "fastokens":
+                raise
+            reasons.append(f"fastokens: {exc}")
     try:
-        spec = json.loads(tokenizer_file.read_text(encoding="utf-8"))
         encoder = build_tiktoken(hf, spec)
         log.info("tokenizer %s: tiktoken encodes (the same ids as tokenizers on the probe)", tokenizer_file)
-        return encoder, None
+        return encoder, "; ".join(reasons) or None
     except NotExact as exc:
         if choice == "tiktoken":
             raise
-        log.info("tokenizer %s: tokenizers encodes (tiktoken would not be exact: %s)", tokenizer_file, exc)
-        return HfEncoder(hf), str(exc)
+        reasons.append(f"tiktoken: {exc}")
+        log.info("tokenizer %s: tokenizers encodes (%s)", tokenizer_file, "; ".join(reasons))
+        return HfEncoder(hf), "; ".join(reasons)

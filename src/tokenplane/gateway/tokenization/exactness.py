@@ -1,5 +1,5 @@
-"""The guard that keeps tiktoken exact (see :mod:`.encoder`): a probe of texts and every vocabulary
-entry, encoded by both libraries; any difference keeps ``tokenizers``."""
+"""The guard that keeps tiktoken and fastokens exact (see :mod:`.encoder`, :mod:`.fast`): a probe of
+texts and every vocabulary entry, encoded by both libraries; any difference keeps ``tokenizers``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from tokenizers import Tokenizer
 
 if TYPE_CHECKING:
-    from tokenplane.gateway.tokenization.encoder import TiktokenEncoder
+    from tokenplane.gateway.tokenization.encoder import Encoder
 
 
 class NotExact(Exception):
@@ -76,16 +76,21 @@ def _probe_texts(added: Mapping[str, int]) -> list[str]:
     return texts
 
 
-def check_exact(hf: Tokenizer, encoder: TiktokenEncoder, encoding: Any, spec: Mapping[str, Any],
-                added: Mapping[str, int]) -> None:  # fmt: skip
-    """Raise :class:`NotExact` unless both give the same ids for every probe text (with and
-    without special tokens) and for every vocabulary entry as one pre-token."""
+def check_probe(hf: Tokenizer, encoder: Encoder, added: Mapping[str, int]) -> None:
+    """Raise :class:`NotExact` unless both give the same ids for every probe text, with and
+    without special tokens."""
     for text in _probe_texts(added):
         want = hf.encode(text, add_special_tokens=False).ids
         if list(encoder.encode(text).ids) != want:
             raise NotExact(f"ids differ from tokenizers' on the probe {text[:40]!r}")
         if encoder.encode_text(text) != hf.encode(text, add_special_tokens=True).ids:
             raise NotExact(f"ids with special tokens differ from tokenizers' on the probe {text[:40]!r}")
+
+
+def check_exact(hf: Tokenizer, encoder: Encoder, encoding: Any, spec: Mapping[str, Any],
+                added: Mapping[str, int]) -> None:  # fmt: skip
+    """:func:`check_probe`, and every vocabulary entry as one pre-token through tiktoken."""
+    check_probe(hf, encoder, added)
     # each vocabulary entry as one pre-token: tiktoken merges any pair whose concatenation is in
     # the vocabulary, tokenizers only the listed merges; a token two merges can reach shows here
     model = hf.model

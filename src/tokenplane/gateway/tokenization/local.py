@@ -88,11 +88,11 @@ class LocalTokenizer:
             raise ConfigError(f"tokenizer: {tokenizer_file} could not be loaded: {exc}") from None
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
-        # tiktoken where it is exact for this tokenizer (checked now), else tokenizers (:mod:`.encoder`)
+        # fastokens, else tiktoken, where exact for this tokenizer (checked now), else tokenizers
         try:
             self.encoder, self.encoder_reason = load_encoder(self.tokenizer, tokenizer_file, encoder)
         except NotExact as exc:
-            raise ConfigError(f"tokenizer: {tokenizer_file}: encoder: tiktoken is not exact: {exc}") from None
+            raise ConfigError(f"tokenizer: {tokenizer_file}: encoder: {encoder} is not exact: {exc}") from exc
         self._encode = self.encoder.encode
         config: dict[str, Any] = {}
         config_file = path / "tokenizer_config.json"
