@@ -40,6 +40,23 @@ def test_gateway_inproc_tokenizes_growing_conversations(tmp_path: Path) -> None:
     assert out["kind"].startswith("non-stream conversations tokenizer=") and out["cpu_ms_per_req"] > 0
 
 
+def test_tokenizer_encoders_compares_every_encoder_with_tokenizers(tmp_path: Path) -> None:
+    sys.path.insert(0, str(BENCH.parents[1] / "tests" / "support"))
+    from tiny_tokenizer import make_tokenizer_folder
+
+    folder = make_tokenizer_folder(tmp_path / "tok")
+    args = [sys.executable, str(BENCH.with_name("tokenizer_encoders.py")), "--tokenizer", str(folder)]
+    proc = subprocess.run([*args, "--texts", "20", "--json"], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert set(out) == {"paragraphs", "words", "unicode"}
+    for row in out.values():
+        assert {"hf", "tiktoken", "fastokens"} <= set(row)
+        assert all(
+            row[e]["mismatches"] == 0 and row[e]["us_per_text"] > 0 for e in ("hf", "tiktoken", "fastokens")
+        )
+
+
 OVERHEAD = BENCH.with_name("gateway_overhead.py")
 ISSUE_KEYS = (
     "rps",
