@@ -161,6 +161,24 @@ class _Pieces:
 _TAIL = 512
 
 
+class AddedTokens:
+    """What :class:`_Pieces` needs to find a text's added tokens, built once per encoder: their
+    alternation, longest first (so the leftmost match is the longest, as ``tokenizers`` splits
+    them), their ids, and whether a search may start near the end of a text (``sync``: no added
+    token holds a white space)."""
+
+    __slots__ = ("ids", "split", "sync")
+
+    def __init__(self, added: Mapping[str, int]) -> None:
+        alternatives = sorted(added, key=len, reverse=True)
+        self.split = re.compile("|".join(map(re.escape, alternatives)) if alternatives else "(?!)")
+        self.ids = frozenset(added.values())
+        self.sync = not any(c.isspace() or c in _WS_CHARS for t in added for c in t)
+
+    def pieces(self, ids: Sequence[int], text: str) -> _Pieces:
+        return _Pieces(ids, text, self.split, self.ids, self.sync)
+
+
 class TiktokenEncoder:
     """tiktoken, with the added tokens as its special tokens: it splits them out first, leftmost,
     as ``tokenizers`` does; leftmost-first is leftmost-longest because no added token is a prefix
@@ -192,10 +210,7 @@ class TiktokenEncoder:
             token = self._marker[0]  # the same added token encode_cut joins parts with
             self._marks, self._marker_id = GapMarks(self._cut, added, token), chr(added[token])
         self._added = frozenset(added)
-        self._sync = not any(c.isspace() or c in _WS_CHARS for t in added for c in t)
-        self._added_ids = frozenset(added.values())
-        alternatives = sorted(added, key=len, reverse=True)
-        self._split = re.compile("|".join(map(re.escape, alternatives)) if alternatives else "(?!)")
+        self._located = AddedTokens(added)
         self._prefix = list(prefix)
         self._suffix = list(suffix)
 
@@ -223,7 +238,7 @@ class TiktokenEncoder:
         return ids
 
     def encode(self, text: str) -> Encoded:
-        return _Pieces(self._ids(text), text, self._split, self._added_ids, self._sync)
+        return self._located.pieces(self._ids(text), text)
 
     def encode_text(self, text: str) -> list[int]:
         ids = self._ids(text)
@@ -395,6 +410,8 @@ def load_encoder(
     if choice in ("auto", "fastokens"):
         from tokenplane.gateway.tokenization.fast import build_fastokens
 
+        # _added_tokens' rules hold for fastokens too: its added tokens are found by plain text
+        # match (AddedTokens), which gives tokenizers' offsets only for such tokens
         try:
             fast = build_fastokens(hf, tokenizer_file, _added_tokens(spec))
             log.info("tokenizer %s: fastokens encodes (tokenizers' ids on the probe)", tokenizer_file)

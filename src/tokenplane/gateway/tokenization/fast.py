@@ -12,25 +12,21 @@ and the whole vocabulary decoded back to text, in chunks, through both libraries
 anywhere keeps the next encoder (tiktoken, else ``tokenizers``) with the reason.
 
 fastokens does not track character offsets, so where an added token lies (asked by the prefix
-cache for one or two near the end) is found as for tiktoken (:class:`~.encoder._Pieces`). A text
+cache for one or two near the end) is found as for tiktoken (:class:`~.encoder.AddedTokens`). A text
 it cannot take (a lone surrogate: not UTF-8) raises ``UnicodeEncodeError``, as ``tokenizers``
 raises ``TypeError`` there: the request is routed approximately (``stages/tokenize.py``).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tokenizers import Tokenizer
 
+from tokenplane.gateway.tokenization.encoder import AddedTokens, Encoded
 from tokenplane.gateway.tokenization.exactness import NotExact, check_probe
-from tokenplane.gateway.tokenization.plain import _WS_CHARS
-
-if TYPE_CHECKING:
-    from tokenplane.gateway.tokenization.encoder import Encoded
 
 _VOCAB_CHUNK = 256  # vocabulary entries per checked text
 
@@ -40,17 +36,11 @@ class FastokensEncoder:
 
     def __init__(self, tokenizer: Any, added: Mapping[str, int]) -> None:
         self._tokenizer = tokenizer
-        self._added_ids = frozenset(added.values())
-        alternatives = sorted(added, key=len, reverse=True)
-        self._split = re.compile("|".join(map(re.escape, alternatives)) if alternatives else "(?!)")
-        # no added token holds a white space: _Pieces may search only the tail of a text
-        self._sync = not any(c.isspace() or c in _WS_CHARS for t in added for c in t)
+        self._located = AddedTokens(added)
 
     def encode(self, text: str) -> Encoded:
-        from tokenplane.gateway.tokenization.encoder import _Pieces
-
         ids: Sequence[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
-        return _Pieces(ids, text, self._split, self._added_ids, self._sync)
+        return self._located.pieces(ids, text)
 
     def encode_text(self, text: str) -> list[int]:
         ids: list[int] = self._tokenizer.encode(text, add_special_tokens=True).ids
