@@ -37,10 +37,12 @@ So an instance holds exactly the blocks touched since the start of its previous 
 * eviction is prefix-closed. ``insert`` touches a request's blocks *deepest first* (the first ⌈B/2⌉
   blocks of a longer chain: a prefix), so every prefix is touched no earlier than any of its
   extensions, in every insert. An instance's held set is {blocks last touched at or after an
-  instant t} (the start of its old generation; a rotation, or ``set_bound`` dropping the oldest
-  touches of the old generation, only moves t forward), and if an
-  extension's last touch is ≥ t, so is its prefix's. Hence the set each instance holds is
-  prefix-closed, after any sequence of inserts, rotations, ``set_bound`` and ``forget``.
+  instant t} (the start of its old generation; a rotation only moves t forward, and
+  ``set_bound`` rotates or empties the instance), and if an extension's last touch is ≥ t, so is
+  its prefix's. Hence the set each instance holds is prefix-closed, after any sequence of inserts,
+  rotations, ``set_bound`` and ``forget``. (A generation's array is in *first*-touch order, not
+  last-touch order: a prefix already young when an extension is appended is not appended again. So
+  no cut of an array by position is prefix-closed, which is why ``set_bound`` never cuts one.)
 
 Matching (``match``) exploits the same property: along a request's chain the holder *sets* (each
 mask with an instance's two bits folded into one) are nested, so equal sets at both ends of a span
@@ -58,7 +60,8 @@ How it fails: it is approximate by design. It records where requests were *sent*
 engines actually keep, so an engine that evicted a prefix still counts as holding it until this
 index evicts it too; a restarted instance should be ``forget``-ed. Its eviction is coarser than
 LRU: a block touched once just before a rotation outlives one touched often a little earlier, and
-an instance may hold as little as half its bound (less, briefly, after ``set_bound`` lowers it).
+an instance may hold as little as half its bound (nothing, after ``set_bound`` lowers it below what
+its last generation touched).
 A hash collision between two chains (negligible for 64-bit hashes) could make a match a little too
 long or too short, never raise.
 """
@@ -265,9 +268,11 @@ class PrefixIndex:
         """Hold at most ``blocks`` blocks for this instance (at most ``max_blocks_per_instance``):
         its engine's KV cache size in blocks. A block the engine cannot be holding any more (it
         has room for fewer) is stale knowledge, and memory that grows with traffic until the
-        default bound. Lowering a bound rotates the instance's generations once and, if that is not
-        enough, drops the oldest touches of the old one: it keeps the blocks touched most recently,
-        which are a prefix-closed set (module docstring)."""
+        default bound. Lowering a bound rotates the instance's generations once; if it still holds
+        too many, it forgets them all. Keeping "the most recent part" instead would need the order
+        of *last* touches, which the arrays do not keep (module docstring): any cut by position can
+        keep an extension without its prefix. Bounds change rarely (an engine's KV cache size is
+        learned once), so the index refills within one generation."""
         cap = max(1, min(blocks, self.max_blocks_per_instance))
         if self._bounds.get(instance_id) == cap:
             return
@@ -276,25 +281,8 @@ class PrefixIndex:
         if gens is None or (gens.held <= cap and len(gens.young) <= (cap + 1) >> 1):
             return
         self._rotate(gens)  # the young generation becomes the old one: only old blocks are dropped
-        excess = gens.held - cap
-        if excess <= 0:
-            return
-        # Drop the oldest touches first: what stays is still {blocks last touched after an instant}.
-        holders = self._holders
-        old_bit = gens.old_bit
-        old = gens.old
-        cut = 0
-        while excess > 0:
-            h = old[cut]
-            cut += 1
-            mask = holders[h] ^ old_bit  # every entry of a just-rotated old list holds its old bit
-            if mask:
-                holders[h] = mask
-            else:
-                del holders[h]
-            excess -= 1
-            gens.held -= 1
-        gens.old = old[cut:]
+        if gens.held > cap:
+            self._rotate(gens)  # the (empty) young one becomes old: every block goes
 
     def forget(self, instance_id: InstanceId) -> None:
         """Drop everything recorded for an instance (removed, restarted or drained)."""
