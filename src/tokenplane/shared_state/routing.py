@@ -2,18 +2,22 @@
 
 :class:`SharedPrefixRouter` wraps a model's router whose index is a
 :class:`~tokenplane.core.routing.prefix_index.PrefixIndex` (``prefix-affinity``, ``weighted``):
-it decides exactly as the router does, and after each routing decision it also queues
-(model, instance, the blocks of the prompt-block chain that this replica's index did not yet
-hold for that instance: the rest the others learnt before, from this replica or another) for the
-other replicas
+it decides exactly as the router does, and after each routing decision that taught this replica's
+index something new (a block of the prompt-block chain it did not yet hold for that instance), it
+queues (model, instance, the whole chain) for the other replicas
 (:meth:`~tokenplane.shared_state.redis_backend.RedisState.publish_routed`). What the other replicas
 publish goes straight into the index (:func:`learn`), not through ``on_routed``, so a router's other
 bookkeeping (loads, cursors) stays this replica's own.
 
+The whole chain, not only the blocks that were news here: the index's matching relies on every
+instance's held set being prefix-closed (:mod:`~tokenplane.core.routing.prefix_index`), and a
+receiver may have aged the prefix out (it routes there less than the sender). A suffix inserted
+without its prefix would then make the receiver match the chain's full depth for an instance that
+holds none of its start; the whole chain also renews the prefix in the receiver's generations.
+A chain costs about 9 bytes per 64-token routing block on the wire.
+
 A replica that missed a message (its subscription was down) lacks those blocks: the next turn
-routed there is a miss for it and is published whole again. A received suffix is newer in the LRU
-than its prefix, so under eviction pressure the prefix may go first; the suffix is then dead weight
-until evicted in turn (the index is approximate by design).
+routed there is a miss for it, and turns that add blocks are published again.
 """
 
 from __future__ import annotations
@@ -55,8 +59,8 @@ class SharedPrefixRouter:
         chain = request.block_hashes
         known = self.index.matched_depth(chain, instance_id) if chain else 0
         self.inner.on_routed(request, instance_id, now=now)
-        if known < len(chain):  # only the blocks the instance did not hold yet are news
-            self.sink.publish_routed(self.model, instance_id, chain[known:])
+        if known < len(chain):  # news here: the whole chain (module docstring)
+            self.sink.publish_routed(self.model, instance_id, chain)
 
     def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
         self.inner.on_finished(request, instance_id, now=now)
