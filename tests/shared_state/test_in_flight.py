@@ -97,7 +97,7 @@ async def test_redis_failure_drops_the_peers_figures(key_prefix: str) -> None:
     await b.state.start()
     try:
         await until(lambda: a.seen == {"i0": (1, 100)})
-        a.state._fail("test", OSError("pretend Redis went away"))
+        a.state.fail("test", OSError("pretend Redis went away"))
         assert a.seen == {}  # on its own figures (the estimate scales them by the scrape)
         await until(lambda: a.seen == {"i0": (1, 100)})  # back once Redis answers
     finally:

@@ -77,7 +77,7 @@ class _Collector(Collector):
 
 class BreakerPeers(Protocol):
     """Where this replica's breaker transitions go so the other replicas adopt them
-    (:class:`~tokenplane.shared_state.redis_backend.RedisState`)."""
+    (:class:`~tokenplane.shared_state.peer_channel.PeerChannel`)."""
 
     def publish_breaker(self, instance_id: str, state: str, cooldown_s: float) -> None: ...
 

@@ -178,14 +178,14 @@ class Gateway:
         self.shared = shared
         if shared.config.share_in_flight:
             shared.in_flight(SharedInFlight(self._own_in_flight, self._peer_in_flight))
-        self.resilience.peers = shared
-        shared.on_breaker = self._adopt_breaker
+        self.resilience.peers = shared.peers
+        shared.peers.on_breaker = self._adopt_breaker
         for m in self.catalog.models:
             index = prefix_index_of(m.router)
             if index is not None:
                 self._shared_indexes[m.name] = index
-                m.router = SharedPrefixRouter(m.router, index, m.name, shared)
-        shared.on_prefix = self._learn_routed
+                m.router = SharedPrefixRouter(m.router, index, m.name, shared.peers)
+        shared.peers.on_prefix = self._learn_routed
 
     def _own_in_flight(self) -> list[tuple[str, int, int]]:
         return [(u.id, u.in_flight, u.in_flight_tokens) for u in self.pool]

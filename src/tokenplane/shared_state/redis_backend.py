@@ -23,15 +23,8 @@ What is shared, and how fresh each replica's view is:
   pipelined ``GET``/``PTTL``, only for cacheable requests of a model that caches) and keeps what it
   finds locally for the rest of its TTL. Entries are exact answers that never change, so the only
   staleness is none: a local entry expires when the Redis entry does.
-* Breaker transitions: a replica that opens an instance's breaker publishes it; every other
-  replica opens its own at once (pub/sub, milliseconds; well within one second) for the same
-  cooldown. A half-open probe's verdict is shared the same way (a success closes the breaker
-  everywhere, a failure reopens it everywhere).
-* The approximate prefix index: each routing decision (model, instance, prompt-block chain) is
-  published in batches every ``sync_interval_s`` (100 ms by default) and inserted into the other
-  replicas' indexes, so the next turn of a conversation finds its instance through any replica.
-  A turn is published when it is routed, before its answer: the next turn, sent after that answer,
-  misses it only if the answer came back within one batch plus pub/sub delivery.
+* Breaker transitions (milliseconds) and routing decisions for the approximate prefix index
+  (batched every ``sync_interval_s``), by pub/sub: :mod:`~tokenplane.shared_state.peer_channel`.
 
 Failure semantics: a Redis call that fails or takes longer than ``timeout_s`` marks the backend
 down (``tokenplane_state_backend_up`` 0, one warning in the log, and
@@ -39,9 +32,7 @@ down (``tokenplane_state_backend_up`` 0, one warning in the log, and
 local state: each replica's own ``max_concurrency`` and its own per-minute buckets (so the fleet
 may admit up to replicas × each limit). The replica pings Redis every ``retry_connect_s``; once it
 answers, new requests use it again (``up`` 1, one log line). Requests admitted while it was down
-hold no lease there and do not count against the shared concurrency limit until they end. Breaker
-and prefix messages published while a replica's subscription was down are lost to it: its own
-breakers still open on its own failures, and the prefix index converges as turns are routed.
+hold no lease there and do not count against the shared concurrency limit until they end.
 """
 
 from __future__ import annotations
@@ -52,7 +43,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import msgspec
@@ -66,6 +57,7 @@ from tokenplane.gateway.config import StateConfig
 from tokenplane.shared_state.counters import SyncedCounterStore
 from tokenplane.shared_state.errors import BackendUnavailable
 from tokenplane.shared_state.in_flight import SharedInFlight, ttl_s
+from tokenplane.shared_state.peer_channel import PeerChannel
 from tokenplane.shared_state.quotas import (
     ADMITTED,
     CHECK_ORDER,
@@ -89,11 +81,6 @@ _FAILURES = (RedisError, OSError, TimeoutError, BackendUnavailable)
 RETRY_FULL_AFTER_S = SEND_DELAY_S + 0.002
 """A concurrency refusal asks again after this (a release another replica sent may be on its way)."""
 
-BreakerHandler = Callable[[str, str, float], None]
-"""(instance id, "open" | "closed", cooldown s) from another replica."""
-PrefixHandler = Callable[[str, str, Sequence[int]], None]
-"""(model, instance id, block hashes) routed by another replica."""
-
 
 class RedisState:
     """One replica's link to the shared Redis (see the module docstring)."""
@@ -102,12 +89,10 @@ class RedisState:
         self.config = config
         self.replica_id = uuid.uuid4().hex[:12]
         self.prefix = config.key_prefix
-        self.channel = config.key_prefix + "events"
         self.metrics = StateMetrics(registry)
         self.local = LocalQuotas(config.rate_window_s)
         self.up = True
-        self.on_breaker: BreakerHandler | None = None
-        self.on_prefix: PrefixHandler | None = None
+        self.failures: tuple[type[BaseException], ...] = _FAILURES
         self.client = aioredis.Redis.from_url(
             config.url,
             socket_timeout=config.timeout_s,
@@ -127,21 +112,20 @@ class RedisState:
         self._working_sets: list[SharedWorkingSet] = []
         self._leases: dict[str, str] = {}  # member -> lease set, for requests holding a slot
         self._encoded: dict[tuple[TenantQuota, str], tuple[bytes, bytes]] = {}
-        self._routed: list[tuple[str, str, list[int]]] = []
-        self._routed_scheduled = False
         self._tasks: list[asyncio.Task[None]] = []
         self._reconnecting: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self.peers = PeerChannel(self)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         try:
             await self.client.ping()
         except _FAILURES as exc:
-            self._fail("start", exc)
+            self.fail("start", exc)
         self._tasks = [
             asyncio.create_task(self._renew_loop()),
-            asyncio.create_task(self._listen()),
+            asyncio.create_task(self.peers.listen()),
             asyncio.create_task(self._sync_loop()),
         ]
 
@@ -166,7 +150,7 @@ class RedisState:
             await asyncio.wait_for(self.client.aclose(), STOP_TIMEOUT_S)
 
     # -- health ---------------------------------------------------------------------------------
-    def _fail(self, operation: str, exc: BaseException) -> None:
+    def fail(self, operation: str, exc: BaseException) -> None:
         self.metrics.fail_open.labels(operation).inc()
         if not self.up:
             return
@@ -247,7 +231,7 @@ class RedisState:
                 await asyncio.sleep(RETRY_FULL_AFTER_S)
                 code, wait_ms = await self.lean.run(head, more)
         except _FAILURES as exc:
-            self._fail("acquire", exc)
+            self.fail("acquire", exc)
             return self.local.acquire(quota, key_id, tokens, time.time())
         if code == 0:
             if quota.concurrency:
@@ -281,7 +265,7 @@ class RedisState:
                     keys=[k for _, k in members], args=[self.config.lease_ttl_s, *[m for m, _ in members]]
                 )
             except _FAILURES as exc:
-                self._fail("renew", exc)
+                self.fail("renew", exc)
 
     # -- windowed counters (retry budget, admission fairness) ------------------------------------
     def counters(self, name: str, window_s: float) -> SyncedCounterStore:
@@ -308,7 +292,7 @@ class RedisState:
                         keys=[base + k for k in keys], args=[self.replica_id, store.window_s, *deltas]
                     )
                 except _FAILURES as exc:
-                    self._fail("sync", exc)
+                    self.fail("sync", exc)
                     break
                 store.merge(keys, [float(x) for x in others])
             if self.up:
@@ -332,7 +316,7 @@ class RedisState:
                 try:
                     flat = await self._ws_sync(keys=[base, base + ":seen"], args=[ws.idle_ttl_s, *args])
                 except _FAILURES as exc:
-                    self._fail("working_set", exc)
+                    self.fail("working_set", exc)
                     return
                 ws.merge(model, flat)
             ws.synced()
@@ -351,7 +335,7 @@ class RedisState:
         try:
             flat = await self._if_sync(keys=[self.prefix + "if", base + self.replica_id], args=args)
         except _FAILURES as exc:
-            self._fail("in_flight", exc)
+            self.fail("in_flight", exc)
             return
         shared.merge(flat)
 
@@ -376,7 +360,7 @@ class RedisState:
                 pipe.pttl(key)
                 body, pttl = await pipe.execute()
         except _FAILURES as exc:
-            self._fail("cache_get", exc)
+            self.fail("cache_get", exc)
             return None
         if body is None or pttl is None or pttl <= 0:
             return None
@@ -387,77 +371,16 @@ class RedisState:
         ``cache_max_entry_bytes`` or while Redis is unavailable)."""
         if not self.up or len(body) > self.config.cache_max_entry_bytes:
             return
-        self._spawn(self._cache_put(key, body, max(1, int(ttl_s * 1000))))
+        self.spawn(self._cache_put(key, body, max(1, int(ttl_s * 1000))))
 
     async def _cache_put(self, key: str, body: bytes, ttl_ms: int) -> None:
         try:
             await self.client.set(key, body, px=ttl_ms)
         except _FAILURES as exc:
-            self._fail("cache_put", exc)
+            self.fail("cache_put", exc)
 
-    # -- breakers and routing, shared by pub/sub --------------------------------------------------
-    def publish_breaker(self, instance_id: str, state: str, cooldown_s: float) -> None:
-        """Tell the other replicas of a breaker transition this replica made (not one it adopted)."""
-        message = msgspec.msgpack.encode(("b", self.replica_id, instance_id, state, cooldown_s))
-        self._spawn(self._publish(message))
-
-    def publish_routed(self, model: str, instance_id: str, block_hashes: Sequence[int]) -> None:
-        """Queue a routing observation; sent with the others every ``sync_interval_s``."""
-        self._routed.append((model, instance_id, list(block_hashes)))
-        if not self._routed_scheduled:
-            self._routed_scheduled = True
-            asyncio.get_running_loop().call_later(self.config.sync_interval_s, self._flush_routed)
-
-    def _flush_routed(self) -> None:
-        self._routed_scheduled = False
-        routed, self._routed = self._routed, []
-        if routed and self.up:
-            self._spawn(self._publish(msgspec.msgpack.encode(("p", self.replica_id, routed))))
-
-    async def _publish(self, message: bytes) -> None:
-        if not self.up:
-            return
-        try:
-            await self.client.publish(self.channel, message)
-        except _FAILURES as exc:
-            self._fail("publish", exc)
-
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a Redis call off the request path (kept until done, cancelled by :meth:`stop`)."""
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def _listen(self) -> None:
-        """Receive the other replicas' messages; resubscribe after a failure."""
-        while True:
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self.channel)
-                while True:
-                    message = await pubsub.get_message(timeout=1.0)
-                    if message is not None:
-                        self._on_message(message["data"])
-            except _FAILURES as exc:
-                self._fail("subscribe", exc)
-            finally:
-                with contextlib.suppress(*_FAILURES):
-                    # (untyped before redis-py 8.2, typed from it: no ignore fits both)
-                    aclose: Any = pubsub.aclose
-                    await aclose()
-            await asyncio.sleep(self.config.retry_connect_s)
-
-    def _on_message(self, data: bytes) -> None:
-        try:
-            message = msgspec.msgpack.decode(data)
-        except msgspec.DecodeError:
-            log.warning("shared state: undecodable message on %s", self.channel)
-            return
-        if message[1] == self.replica_id:
-            return
-        if message[0] == "b" and self.on_breaker is not None:
-            self.metrics.peer_events.labels("breaker").inc()
-            self.on_breaker(message[2], message[3], float(message[4]))
-        elif message[0] == "p" and self.on_prefix is not None:
-            self.metrics.peer_events.labels("routed").inc(len(message[2]))
-            for model, instance_id, hashes in message[2]:
-                self.on_prefix(model, instance_id, hashes)

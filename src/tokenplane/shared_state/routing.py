@@ -5,7 +5,7 @@
 it decides exactly as the router does, and after each routing decision that taught this replica's
 index something new (a block of the prompt-block chain it did not yet hold for that instance), it
 queues (model, instance, the whole chain) for the other replicas
-(:meth:`~tokenplane.shared_state.redis_backend.RedisState.publish_routed`). What the other replicas
+(:meth:`~tokenplane.shared_state.peer_channel.PeerChannel.publish_routed`). What the other replicas
 publish goes straight into the index (:func:`learn`), not through ``on_routed``, so a router's other
 bookkeeping (loads, cursors) stays this replica's own.
 
