@@ -151,6 +151,7 @@ class RedisState:
 
     # -- health ---------------------------------------------------------------------------------
     def fail(self, operation: str, exc: BaseException) -> None:
+        """A Redis call failed: count it, and (once) fall back to local state until Redis answers."""
         self.metrics.fail_open.labels(operation).inc()
         if not self.up:
             return
