@@ -219,7 +219,9 @@ class Gateway:
             fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
         except OSError:
             return
-        rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+        rss = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), None)
+        if rss is None:  # exiting between poll() and the read (a zombie has no VmRSS line)
+            return
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
             self.cpu_s[-1] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
