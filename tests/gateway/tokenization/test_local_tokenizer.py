@@ -168,3 +168,30 @@ def test_a_prefix_key_and_its_check_tell_what_json_tells() -> None:
     mixed = _seen_after(odd, [plain])
     assert _same_messages(mixed, [{"role": "user", "content": "x", "n": 1}, dict(plain)], 2)
     assert not _same_messages(mixed, [{"role": "user", "content": "x", "n": 1}, swapped], 2)
+
+
+_values = st.one_of(
+    st.sampled_from(["a", "b", "", 1, 1.0, True, None]), st.lists(st.sampled_from([1, True, "a"]))
+)
+_messages = st.lists(
+    st.dictionaries(st.sampled_from(["role", "content", "name"]), _values, min_size=1), min_size=1, max_size=3
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(kept=_messages, sent=_messages, split=st.integers(0, 3))
+def test_a_prefix_is_taken_only_for_the_same_messages_as_json_tells(
+    kept: list[dict[str, Any]], sent: list[dict[str, Any]], split: int
+) -> None:
+    """The check of a cached prefix's messages is JSON's equality, key order and all (Python's
+    ``==`` has ``1 == 1.0 == True`` and ignores key order), however the entry grew."""
+    import msgspec
+
+    from tokenplane.gateway.tokenization.local import _same_messages, _seen_after
+
+    at = min(split, len(kept))
+    seen = _seen_after(_seen_after(None, kept[:at]), kept[at:])
+    as_json = msgspec.json.encode
+    same = len(kept) == len(sent) and all(as_json(a) == as_json(b) for a, b in zip(kept, sent, strict=True))
+    assert _same_messages(seen, sent, len(sent)) is same
+    assert _same_messages(seen, [*sent, {"role": "x"}], len(sent)) is same  # later messages: not looked at
