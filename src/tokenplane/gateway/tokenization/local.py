@@ -111,11 +111,13 @@ def _seen_after(base: SeenMessages | None, new: list[dict[str, Any]]) -> SeenMes
     else:
         kept, plain, chars, order = base.messages.copy(), base.plain, base.chars, base.order
     for m in new:
-        form = _message_form(m)
-        if type(form) is bytes:
-            plain = False
-            kept.append(form)
-            chars += len(form)
+        for value in m.values():
+            if type(value) is not str:
+                form = _encode_json(m)
+                plain = False
+                kept.append(form)
+                chars += len(form)
+                break
         else:
             kept.append(m.copy())
             chars += len("".join(m.values()))
