@@ -7,6 +7,7 @@ import itertools
 import json
 import shutil
 import sys
+from array import array
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -209,6 +210,10 @@ class _OffByOne:
     def encode(self, text: str, add_special_tokens: bool = False) -> Any:
         ids = [i + 1 if i == self.wrong else i for i in self.tokenizer.encode(text, add_special_tokens).ids]
         return SimpleNamespace(ids=ids)
+
+    def encode_batch_flat(self, texts: list[str], add_special_tokens: bool = False) -> tuple[bytes, bytes]:
+        ids = [i for t in texts for i in self.encode(t, add_special_tokens).ids]
+        return array("I", ids).tobytes(), b""
 
 
 def test_a_fastokens_mismatch_is_caught_by_the_vocabulary_check(tokenizer_dir: Path) -> None:

@@ -144,13 +144,54 @@ def test_tokenizer_config_json_list_template(tokenizer_dir: Path, tmp_path: Path
     assert LocalTokenizer(folder).render([{"role": "user", "content": "x"}], {}) == "D<s>"
 
 
-def test_a_message_digest_tells_what_json_tells() -> None:
-    from tokenplane.gateway.tokenization.local import _message_digest
+def test_a_prefix_key_and_its_check_tell_what_json_tells() -> None:
+    from tokenplane.gateway.tokenization.local import _same_messages, _seen_after, prefix_key
 
     plain = {"role": "user", "content": "hi"}
-    assert _message_digest(7, plain) == _message_digest(7, dict(plain))
-    assert _message_digest(7, plain) != _message_digest(8, plain)  # the messages before it
-    assert _message_digest(7, plain) != _message_digest(7, {"content": "hi", "role": "user"})  # as sent
-    # 1, 1.0 and True hash alike in Python; as JSON they differ, and so do their digests
-    digests = {_message_digest(7, {"role": "user", "content": "x", "n": v}) for v in (1, 1.0, True)}
-    assert len(digests) == 3
+    assert prefix_key(7, 1, plain) == prefix_key(7, 1, dict(plain))
+    assert prefix_key(7, 1, plain) != prefix_key(8, 1, plain)  # the rendering options
+    assert prefix_key(7, 1, plain) != prefix_key(7, 2, plain)  # the number of messages
+    assert prefix_key(7, 1, plain) != prefix_key(7, 1, {"role": "user", "content": "ho"})
+    # 1, 1.0 and True hash alike in Python; as JSON they differ, and so do the keys they make
+    assert len({prefix_key(7, 1, {"role": "user", "content": [v]}) for v in (1, 1.0, True)}) == 3
+    # the check: only the same messages as sent, however alike in Python (the key, alike)
+    swapped = {"content": "hi", "role": "user"}
+    seen = _seen_after(None, [{"role": "system", "content": "s"}, plain])
+    assert _same_messages(seen, [{"role": "system", "content": "s"}, dict(plain), {"x": "y"}], 2)
+    assert not _same_messages(seen, [{"role": "system", "content": "s"}, swapped], 2)
+    assert not _same_messages(seen, [{"role": "system", "content": "t"}, plain], 2)
+    assert not _same_messages(seen, [{"role": "system", "content": "s"}], 1)  # another count
+    odd = _seen_after(None, [{"role": "user", "content": "x", "n": 1}])
+    assert not odd.plain
+    assert _same_messages(odd, [{"role": "user", "content": "x", "n": 1}], 1)
+    assert not any(_same_messages(odd, [{"role": "user", "content": "x", "n": v}], 1) for v in (1.0, True))
+    mixed = _seen_after(odd, [plain])
+    assert _same_messages(mixed, [{"role": "user", "content": "x", "n": 1}, dict(plain)], 2)
+    assert not _same_messages(mixed, [{"role": "user", "content": "x", "n": 1}, swapped], 2)
+
+
+_values = st.one_of(
+    st.sampled_from(["a", "b", "", 1, 1.0, True, None]), st.lists(st.sampled_from([1, True, "a"]))
+)
+_messages = st.lists(
+    st.dictionaries(st.sampled_from(["role", "content", "name"]), _values, min_size=1), min_size=1, max_size=3
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(kept=_messages, sent=_messages, split=st.integers(0, 3))
+def test_a_prefix_is_taken_only_for_the_same_messages_as_json_tells(
+    kept: list[dict[str, Any]], sent: list[dict[str, Any]], split: int
+) -> None:
+    """The check of a cached prefix's messages is JSON's equality, key order and all (Python's
+    ``==`` has ``1 == 1.0 == True`` and ignores key order), however the entry grew."""
+    import msgspec
+
+    from tokenplane.gateway.tokenization.local import _same_messages, _seen_after
+
+    at = min(split, len(kept))
+    seen = _seen_after(_seen_after(None, kept[:at]), kept[at:])
+    as_json = msgspec.json.encode
+    same = len(kept) == len(sent) and all(as_json(a) == as_json(b) for a, b in zip(kept, sent, strict=True))
+    assert _same_messages(seen, sent, len(sent)) is same
+    assert _same_messages(seen, [*sent, {"role": "x"}], len(sent)) is same  # later messages: not looked at

@@ -145,20 +145,24 @@ class _Pieces:
 
     def _find(self, need: int) -> list[tuple[int, int]]:
         """The added tokens' matches, in order: the last ``need`` at least (all where fewer). With
-        ``sync`` (no added token holds a white space) the search starts after a space ~512
-        characters from the end, where the whole text's search passes no match: the same matches
-        from there, without searching the whole text (~25 k instructions a request)."""
+        ``sync`` (no added token holds a white space) the search starts after a space some way
+        from the end (``_TAILS`` characters, the shorter first: the prefix cache asks for one or
+        two a few characters from the end), where the whole text's search passes no match: the
+        same matches from there, without searching the whole text (~25 k instructions a request)."""
         text, split = self._text, self._split
-        start = len(text) - _TAIL
-        if start > 0 and self._sync:
-            spans = [m.span() for m in split.finditer(text, text.rfind(" ", 0, start) + 1)]
-            if len(spans) >= need:
-                return spans
+        if self._sync:
+            for tail in _TAILS:
+                start = len(text) - tail
+                if start <= 0:
+                    break
+                spans = [m.span() for m in split.finditer(text, text.rfind(" ", 0, start) + 1)]
+                if len(spans) >= need:
+                    return spans
         self._whole = True
         return [m.span() for m in split.finditer(text)]
 
 
-_TAIL = 512
+_TAILS = (64, 512)
 
 
 class AddedTokens:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from array import array
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +32,7 @@ from tokenplane.gateway.tokenization.prefix_cache import (
     DEFAULT_CACHE_TOKENS,
     CachedPrefix,
     PrefixCache,
+    SeenMessages,
 )
 
 _encode_json = msgspec.json.Encoder().encode
@@ -56,15 +58,70 @@ def _text_content(message: Any) -> Mapping[str, Any] | None:
     return {**message, "content": "\n".join(texts)}
 
 
-def _message_digest(parent: int, message: dict[str, Any]) -> int:
-    """The digest of the messages up to ``message`` (``parent``: of those before it). A message of
-    strings (role, content, name: the usual one) is hashed as its items, the strings' own hashes,
-    without writing it as JSON first; any other value (a list of parts, a number, None) makes it
-    hashed as its JSON text (``1``, ``1.0`` and ``True`` hash alike in Python, not as JSON)."""
+def _message_form(message: dict[str, Any]) -> Any:
+    """What tells a message from another: its items as sent (key order included) where every
+    value is a string (the usual one: role, content, name), else its JSON text (``1``, ``1.0`` and
+    ``True`` are equal in Python, not as JSON)."""
     for value in message.values():
         if type(value) is not str:
-            return hash((parent, _encode_json(message)))
-    return hash((parent, tuple(message.items())))
+            return _encode_json(message)
+    return tuple(message.items())
+
+
+def prefix_key(root: int, k: int, last: dict[str, Any]) -> int:
+    """The cache key of a prefix of ``k`` messages whose last is ``last`` (``root``: everything
+    else the template is rendered with). Not a digest of the messages: a string ``content`` is
+    named by its length and ends (hashing it all would be a pass over it per request: a JSON
+    body's strings are new objects each time); whether the messages are the entry's is checked
+    by :func:`_same_messages` where it matters (per-message rendering), and a whole rendering
+    against the entry's text. Two prefixes alike in all of that share a key: the later one is
+    kept, the other is only tokenized again."""
+    content = last.get("content")
+    if type(content) is str:
+        return hash((root, k, len(content), content[:_KEY_ENDS], content[-_KEY_ENDS:]))
+    return hash((root, k, _message_form(last)))
+
+
+_KEY_ENDS = 24
+
+
+def _same_messages(seen: SeenMessages | None, raw: list[Any], k: int) -> bool:
+    """Whether ``raw[:k]`` are ``seen``'s messages exactly as sent. All plain: dict equality (in C,
+    a memcmp per string; a string equals only a string, and a JSON body's values are str, int,
+    float, bool, None, list or dict) and the keys' order; else message by message."""
+    if seen is None or len(seen.messages) != k:
+        return False
+    head = raw[:k]
+    if seen.plain:
+        return head == seen.messages and tuple(chain.from_iterable(head)) == seen.order
+    for a, b in zip(head, seen.messages, strict=True):
+        if type(b) is bytes:
+            if _encode_json(a) != b:
+                return False
+        elif a != b or list(a) != list(b):
+            return False
+    return True
+
+
+def _seen_after(base: SeenMessages | None, new: list[dict[str, Any]]) -> SeenMessages:
+    """``base``'s messages then ``new``'s (``base``'s strings shared, ``new``'s copied as kept)."""
+    if base is None:
+        kept: list[Any] = []
+        plain, chars, order = True, 0, ()
+    else:
+        kept, plain, chars, order = base.messages.copy(), base.plain, base.chars, base.order
+    for m in new:
+        for value in m.values():
+            if type(value) is not str:
+                form = _encode_json(m)
+                plain = False
+                kept.append(form)
+                chars += len(form)
+                break
+        else:
+            kept.append(m.copy())
+            chars += len("".join(m.values()))
+    return SeenMessages(kept, order + tuple(chain.from_iterable(new)), plain, chars)
 
 
 class LocalTokenizer:
@@ -140,9 +197,9 @@ class LocalTokenizer:
         template = self.template
         if type(raw) is not list or not raw or template is None or body.get("chat_template") is not None:
             return None
-        # digest_k names messages 0..k-1 (as sent) and everything else the template is rendered
-        # with, so that a hit on the split path needs no second look at the prefix
-        digest: int = hash(
+        # root: everything the template is rendered with besides the messages (a prefix's key
+        # names its messages by their count and the last one: :func:`prefix_key`)
+        root: int = hash(
             _encode_json(
                 [
                     body.get("add_generation_prompt", True),
@@ -153,18 +210,14 @@ class LocalTokenizer:
                 ]
             )
         )
-        root = digest
-        digests: list[int] = []
         for m in raw:
             if type(m) is not dict:
                 return None
-            digest = _message_digest(digest, m)
-            digests.append(digest)
         if template.split is not None and body.get("continue_final_message") is not True:
-            ids = self._chat_split(template.split, template, raw, root, digests, body)
+            ids = self._chat_split(template.split, template, raw, root, body)
             if ids is not False:
                 return ids
-        return self._chat_whole(raw, digests, body)
+        return self._chat_whole(raw, root, body)
 
     def _chat_split(
         self,
@@ -172,18 +225,20 @@ class LocalTokenizer:
         template: ChatTemplate,
         raw: list[Any],
         root: int,
-        digests: list[int],
         body: Mapping[str, Any],
     ) -> TokenBlocks | Literal[False] | None:
         """Render and tokenize only the messages after the longest cached prefix (``False``: the
         cached prefix did not fit, do it whole)."""
         cache = self.cache
-        for k in range(len(digests), 0, -1):
-            base = cache.get(digests[k - 1])
-            if base is not None:
+        n = len(raw)
+        key = prefix_key(root, n, raw[-1])
+        k, base = n, None
+        while k:
+            entry = cache.get(key if k == n else prefix_key(root, k, raw[k - 1]))
+            if entry is not None and _same_messages(entry.seen, raw, k):
+                base = entry
                 break
-        else:
-            k, base = 0, None
+            k -= 1
         messages: list[Mapping[str, Any]] = []
         for m in raw[k:]:  # the prefix's messages were renderable when it was stored
             tm = _text_content(m)
@@ -211,12 +266,13 @@ class LocalTokenizer:
         done = self._extend(text + tail, base, len(text))
         if done is None:
             return False
-        blocks, entry = done
-        if entry is not None:
-            cache.put(digests[-1], entry)
+        blocks, new = done
+        if new is not None:
+            new.seen = _seen_after(None if base is None else base.seen, raw[k:])
+            cache.put(key, new)
         return blocks
 
-    def _chat_whole(self, raw: list[Any], digests: list[int], body: Mapping[str, Any]) -> TokenBlocks | None:
+    def _chat_whole(self, raw: list[Any], root: int, body: Mapping[str, Any]) -> TokenBlocks | None:
         """Render the whole conversation; tokenize it after the longest cached prefix of its text."""
         messages: list[Mapping[str, Any]] = []
         for m in raw:
@@ -229,8 +285,8 @@ class LocalTokenizer:
             return None
         cache = self.cache
         base: CachedPrefix | None = None
-        for k in range(len(digests) - 1, -1, -1):
-            entry = cache.get(digests[k])
+        for k in range(len(raw), 0, -1):  # (the text is checked, not the messages)
+            entry = cache.get(prefix_key(root, k, raw[k - 1]))
             if entry is not None and entry.text and rendered.startswith(entry.text):
                 base = entry
                 break
@@ -242,7 +298,7 @@ class LocalTokenizer:
         blocks, new = done
         if new is not None:
             new.text = rendered[: len(rendered) - len(new.rest)]
-            cache.put(digests[-1], new)
+            cache.put(prefix_key(root, len(raw), raw[-1]), new)
         return blocks
 
     def _extend(
