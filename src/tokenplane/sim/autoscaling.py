@@ -22,6 +22,7 @@ Signal, per decision at ``now``:
   gateway queue: a request with no ready instance fails with ``no_instance``);
 * ``arrivals`` = per-bucket arrival rates of the last ``history_buckets`` complete buckets, counted
   from the request records (appended in arrival order, so no per-request cost is added);
+  ``prompt_tokens_per_s`` = their prompt tokens per second over the last minute of those buckets;
 * ``ttft_attainment`` / ``ttft_p90_s``: over the requests that arrived in
   ``[now - slo_window_s - ttft_slo, now - ttft_slo]``, whose TTFT outcome is already decided at
   ``now`` (a request still without a first token counts as a miss, its TTFT as at least its wait).
@@ -311,7 +312,7 @@ class AutoscalingShell:
             draining=tuple(ids[i] for i in lc.ids_in(DRAINING)),
             queued=0,
             arrivals=arrivals,
-            tokens_per_s_demand=self._prompt_tps(now),
+            prompt_tokens_per_s=self._prompt_tps(now),
             throughput_rps=rps,
             throughput_tps=tps,
             ttft_attainment=ttft_att,

@@ -29,7 +29,7 @@ def pool(n: int, *, rate: float, tokens: float | None, attainment: float, now: f
         now=now,
         serving=tuple(InstanceView(f"i{k}", running=8) for k in range(n)),
         arrivals=tuple((now - 60.0 + 15.0 * k, rate) for k in range(4)),
-        tokens_per_s_demand=tokens,
+        prompt_tokens_per_s=tokens,
         throughput_rps=rate,
         ttft_attainment=attainment,
         ttft_p90_s=2.0,

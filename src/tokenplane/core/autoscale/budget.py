@@ -105,8 +105,8 @@ def load(signal: PoolSignal) -> float:
     """The load a size's record is compared on: prompt tokens per second asked when the shell
     measures them (a prefill-bound pool's work follows tokens, not requests), else arrivals per
     second."""
-    if signal.tokens_per_s_demand is not None:
-        return signal.tokens_per_s_demand
+    if signal.prompt_tokens_per_s is not None:
+        return signal.prompt_tokens_per_s
     return recent_rate(signal)
 
 
