@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
 
+from tokenplane.core.autoscale import PoolSignal, PoolSpec, StaticFleet
+from tokenplane.core.autoscale.base import AUTOSCALERS
+from tokenplane.core.registry import BuildContext, register
 from tokenplane.sim.catalog import Catalog
 from tokenplane.sim.fleet import FleetResult
 from tokenplane.sim.lifecycle import SERVING
@@ -236,3 +239,29 @@ def test_servegen_autoscaled_end_to_end() -> None:
     assert r["requests_failed"] == 0
     assert r["fleet_timeline"] and r["gpu_hours"] > 0
     assert r["ttft_slo_attainment"] is not None
+
+
+SEEN: list[PoolSignal] = []
+
+
+class _Recorder(StaticFleet):
+    """A fixed fleet that keeps every signal the twin hands it (a fake, to read the shell's measures)."""
+
+    def observe(self, signal: PoolSignal, spec: PoolSpec) -> None:
+        SEEN.append(signal)
+
+
+@register(AUTOSCALERS, "test-signal-recorder")
+def _build_recorder(params: Mapping[str, Any], ctx: BuildContext) -> _Recorder:
+    return _Recorder(2)
+
+
+def test_the_signal_carries_prompt_tokens_per_second_over_the_last_minute() -> None:
+    SEEN.clear()
+    doc = _doc({"name": "test-signal-recorder", "pool": {"capacity_rps": 8.0}}, instances=3)
+    _simulate(doc, StepWorkload([(90.0, 2.0), (120.0, 6.0)], prompt=100))
+    by_t = {s.now: s.prompt_tokens_per_s for s in SEEN}
+    assert by_t[15.0] == pytest.approx(200.0)  # one complete 15 s bucket of 2 req/s x 100 tokens
+    assert by_t[90.0] == pytest.approx(200.0)  # the last minute, all in the first phase
+    assert by_t[120.0] == pytest.approx((2 * 200.0 + 2 * 600.0) / 4)  # half a minute of each
+    assert by_t[180.0] == pytest.approx(600.0)
