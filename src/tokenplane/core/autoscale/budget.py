@@ -6,13 +6,16 @@ running one instance short, *if* the worst it has been seen to do at that size c
 bank over the time it takes to come back (a cold start plus a decision): sizes never measured, or
 measured only at a lower load than now, are not afforded (no extrapolation). While a size is
 afforded, the estimated terms (demand, queue, warm pool) are capped at it; the measured ones (the
-SLO and KV terms) are not, so a window that fails brings capacity back as before.
+SLO and KV terms) are not, so a window that fails brings capacity back as before; and while the
+budget holds the pool below what a larger, measured pool carried at this load, the pool shrinks no
+further on the estimate (the sizes below are unmeasured there), nor while a window fails.
 
 What is measured (:func:`observe_budget`, from each signal): the bank, from each window's
 attainment weighted by the requests served over a decision interval (windows overlap and lag by
 the SLO, so this is an estimate of the run's attainment); and per ready pool size, the worst window
-attainment and the highest arrival rate seen at that size, once the size has held for a cold start
-plus the SLO plus a decision (so the window measured that size, not the one before).
+attainment and the highest load (:func:`load`: prompt tokens/s where the shell measures them, else
+arrivals/s) seen at that size, once the size has held for a cold start plus the SLO plus a decision
+(so the window measured that size, not the one before).
 
 State is a few floats per pool size; every function is pure.
 """
