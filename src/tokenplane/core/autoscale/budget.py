@@ -8,7 +8,7 @@ measured only at a lower load than now, are not afforded (no extrapolation). Whi
 afforded, the estimated terms (demand, queue, warm pool) are capped at it; the measured ones (the
 SLO and KV terms) are not, so a window that fails brings capacity back as before; and while the
 budget holds the pool below what a larger, measured pool carried at this load, the pool shrinks no
-further on the estimate (the sizes below are unmeasured there), nor while a window fails.
+further on the estimate (the sizes below are unmeasured there).
 
 What is measured (:func:`observe_budget`, from each signal): the bank, from each window's
 attainment weighted by the requests served over a decision interval (windows overlap and lag by
