@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 
-from tokenplane.core.autoscale import PoolSignal, PoolSpec, StaticFleet
-from tokenplane.core.autoscale.base import AUTOSCALERS
-from tokenplane.core.registry import BuildContext, register
 from tokenplane.sim.catalog import Catalog
 from tokenplane.sim.fleet import FleetResult
 from tokenplane.sim.lifecycle import SERVING
@@ -241,27 +238,15 @@ def test_servegen_autoscaled_end_to_end() -> None:
     assert r["ttft_slo_attainment"] is not None
 
 
-SEEN: list[PoolSignal] = []
-
-
-class _Recorder(StaticFleet):
-    """A fixed fleet that keeps every signal the twin hands it (a fake, to read the shell's measures)."""
-
-    def observe(self, signal: PoolSignal, spec: PoolSpec) -> None:
-        SEEN.append(signal)
-
-
-@register(AUTOSCALERS, "test-signal-recorder")
-def _build_recorder(params: Mapping[str, Any], ctx: BuildContext) -> _Recorder:
-    return _Recorder(2)
-
-
-def test_the_signal_carries_prompt_tokens_per_second_over_the_last_minute() -> None:
-    SEEN.clear()
-    doc = _doc({"name": "test-signal-recorder", "pool": {"capacity_rps": 8.0}}, instances=3)
-    _simulate(doc, StepWorkload([(90.0, 2.0), (120.0, 6.0)], prompt=100))
-    by_t = {s.now: s.prompt_tokens_per_s for s in SEEN}
-    assert by_t[15.0] == pytest.approx(200.0)  # one complete 15 s bucket of 2 req/s x 100 tokens
-    assert by_t[90.0] == pytest.approx(200.0)  # the last minute, all in the first phase
-    assert by_t[120.0] == pytest.approx((2 * 200.0 + 2 * 600.0) / 4)  # half a minute of each
-    assert by_t[180.0] == pytest.approx(600.0)
+def test_the_slo_budget_compares_sizes_on_prompt_tokens_per_second_over_the_last_minute() -> None:
+    """A pool held at 2 (min = max) records size 2 at the busiest last minute of prompt tokens."""
+    scaler = {
+        "name": "tokenplane",
+        "params": {"slo_budget": True},
+        "pool": {"capacity_rps": 8.0, "min_instances": 2},
+        "initial_serving": 2,
+    }
+    result = _simulate(_doc(scaler, instances=2), StepWorkload([(90.0, 2.0), (120.0, 6.0)], prompt=100))
+    sizes = result.extra["pool"]["slo_budget"]["sizes"]
+    assert set(sizes) == {"2"}
+    assert sizes["2"]["max_load"] == pytest.approx(6.0 * 100)  # a whole minute of the second phase

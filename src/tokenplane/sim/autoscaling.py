@@ -349,12 +349,22 @@ class AutoscalingShell:
             return {}
         state = scaler.state
         q = scaler.params.slo_target
-        return {
+        learned: dict[str, Any] = {
             "learned_capacity_rps": scaler.capacity_rps(self.spec),
             "capacity_prior_share": state.capacity_rps.prior_share,
             "headroom_activation": state.burst_activation.headroom(q),
             "headroom_cold_start": state.burst_cold.headroom(q),
         }
+        if scaler.params.slo_budget:  # what each pool size was seen to do, and the run's bank
+            budget = state.slo_budget
+            learned["slo_budget"] = {
+                "banked_requests": budget.banked(q),
+                "sizes": {
+                    str(r.size): {"worst_window_attainment": r.worst_attainment, "max_load": r.max_load}
+                    for r in sorted(budget.sizes, key=lambda r: r.size)
+                },
+            }
+        return learned
 
 
 def autoscale_report(result: Any, report: Mapping[str, Any], slo: Slo, *, bucket_s: float) -> dict[str, Any]:
