@@ -14,7 +14,8 @@ One configuration for every workload (nothing here is set per workload but the w
 its fleet's model and its SLO): every pool is given the same deliberately rough capacity prior
 (``PRIOR_RPS``), which the scaler must correct online, and the tokenplane scaler the same settings
 everywhere (``SCALERS``: a 30-minute burst memory, utilisation 1.0 of the learned capacity, and the
-evidence rules of :mod:`tokenplane.core.autoscale.policy`, which are off by default).
+evidence rules of :mod:`tokenplane.core.autoscale.policy` and ``slo_budget``, which are off by
+default).
 ``static-best`` is found by bisection over fleet sizes (the smallest static fleet whose TTFT
 attainment is at least the target; attainment rises with n: checked by scanning mooncake-x4,
 n = 1..10: 0.1, 0.4, 0.7, 1.3, 2.9, 85.8, 95.7, 97.3, 97.9, 98.3 %); every autoscaler then starts
@@ -34,7 +35,7 @@ static-best's, tokenplane TTFT attainment %; static-best n in the last column):
     servegen-x8   1.000 / 100.0    1.000 / 100.0    1.024 /  96.7    6 / 6 / 5
     servegen-x16  1.019 /  97.7    1.016 /  98.3    1.013 /  99.0    10 / 10 / 10
     mooncake-x2   1.016 /  95.6    1.016 /  95.6    1.016 /  95.6    4 / 4 / 4
-    mooncake-x4   1.132 /  96.9    1.132 /  96.9    1.132 /  96.9    7 / 7 / 7
+    mooncake-x4   1.089 /  96.2    1.089 /  96.2    1.089 /  96.2    7 / 7 / 7
     bursty-cv4    1.000 / 100.0    1.000 / 100.0    1.000 / 100.0    4 / 4 / 4
     bursty-cv10   1.000 / 100.0    1.002 / 100.0    1.000 / 100.0    4 / 4 / 4
 
@@ -114,6 +115,22 @@ lets the estimate rise walks the pool under the knee (7: 95.7 %, 6: 85.8 %); eve
 the measurement robust keeps 8. Under ``window_from_cold_start`` the SLO term's step (asked for one
 decision, then holding n) never buys a cold start (seed 1: 11 of 11 steps that needed one); letting
 it hold its step until the next one costs mooncake-x2 1.016 -> 1.263.
+
+With ``slo_budget`` (:mod:`tokenplane.core.autoscale.budget`: the run's banked SLO margin pays for
+one instance fewer when it covers, for a cold start, the worst window that size was measured at, at
+the prompt-token load now or more) mooncake-x4 goes 1.132 -> 1.089 on seeds 1, 2, 3, 6 and 9 (96.9
+-> 96.2 %): it buys the eighth at t = 60 s as before (windows at 7 were 0.91-0.94 and the run
+behind the target), and returns to 7 at t = 570 s instead of never, once 14.5 req/s x 83 s x (0.95 -
+0.903) = 57 requests are banked; the other 39 workload x seed cells are unchanged to the last digit
+(GPU-hours and attainment). Seeds 4 and 5: mooncake-x4 the same, servegen-x8 seed 5 1.186 -> 1.095
+(99.1 %), the other 14 cells unchanged. Compared on req/s instead of prompt tokens/s it changes nothing (7 was
+measured at 11.3 req/s, the load later is 14-15 req/s, but the same ~160k prompt tokens/s). Why
+1.0 is out of reach for a causal scaler on this cell: static 7's per-minute attainment (by arrival
+minute, seed 1) is 94.5, 90.4, 96.4, 95.4, 95.8, 96.9, 93.3, 96.7, 96.6, 99.0, 97.8, 97.6, 92.2,
+96.8, 95.0 %; it meets 95 % over the run only because the later minutes repay the first two, which a
+pool at 7 cannot know at t = 60 s, and holding 8 from 60 s to 570 s is the 8.9 %. servegen-x8 seed 9
+is unchanged: the worst window at 5 is 0.32 and the run's bank is negative from that KV episode
+until late, so no size is afforded (taking the mean window instead of the worst changes no cell).
 
 ``--cache FILE`` keeps static-fleet and HPA runs (keyed by the whole scenario document) across
 runs; the tokenplane row is always rerun.
@@ -242,6 +259,7 @@ SCALERS: dict[str, dict[str, Any]] = {
             "latency_queues": True,
             "warm_slo_share": True,
             "cancel_warming": True,
+            "slo_budget": True,
         },
     },
     "hpa": {

@@ -301,6 +301,7 @@ def test_the_signal_carries_every_measure_of_the_sample() -> None:
         queued=3,
         arrivals=((0.0, 1.5), (10.0, 2.5)),
         tokens_per_s_demand=1.0,
+        prompt_tokens_per_s=1.5,
         throughput_rps=2.0,
         throughput_tps=3.0,
         ttft_attainment=0.4,

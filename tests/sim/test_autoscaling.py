@@ -236,3 +236,17 @@ def test_servegen_autoscaled_end_to_end() -> None:
     assert r["requests_failed"] == 0
     assert r["fleet_timeline"] and r["gpu_hours"] > 0
     assert r["ttft_slo_attainment"] is not None
+
+
+def test_the_slo_budget_compares_sizes_on_prompt_tokens_per_second_over_the_last_minute() -> None:
+    """A pool held at 2 (min = max) records size 2 at the busiest last minute of prompt tokens."""
+    scaler = {
+        "name": "tokenplane",
+        "params": {"slo_budget": True},
+        "pool": {"capacity_rps": 8.0, "min_instances": 2},
+        "initial_serving": 2,
+    }
+    result = _simulate(_doc(scaler, instances=2), StepWorkload([(90.0, 2.0), (120.0, 6.0)], prompt=100))
+    sizes = result.extra["pool"]["slo_budget"]["sizes"]
+    assert set(sizes) == {"2"}
+    assert sizes["2"]["max_load"] == pytest.approx(6.0 * 100)  # a whole minute of the second phase

@@ -22,6 +22,7 @@ Signal, per decision at ``now``:
   gateway queue: a request with no ready instance fails with ``no_instance``);
 * ``arrivals`` = per-bucket arrival rates of the last ``history_buckets`` complete buckets, counted
   from the request records (appended in arrival order, so no per-request cost is added);
+  ``prompt_tokens_per_s`` = their prompt tokens per second over the last minute of those buckets;
 * ``ttft_attainment`` / ``ttft_p90_s``: over the requests that arrived in
   ``[now - slo_window_s - ttft_slo, now - ttft_slo]``, whose TTFT outcome is already decided at
   ``now`` (a request still without a first token counts as a miss, its TTFT as at least its wait).
@@ -109,6 +110,7 @@ class AutoscalingShell:
         self.tbt_slo = tbt_slo_s
         self._active = active  # () -> bool: work is left (arrivals to come or requests in flight)
         self._bucket_counts: dict[int, int] = {}
+        self._bucket_tokens: dict[int, int] = {}  # prompt tokens arrived per bucket
         self._arr_idx = 0
         self._finishes: deque[tuple[float, float | None, int]] = deque()  # (t, tpot, output tokens)
         self._last_t = 0.0
@@ -206,20 +208,33 @@ class AutoscalingShell:
     # -- measuring -----------------------------------------------------------------------------
     def _arrivals(self, now: float) -> tuple[tuple[float, float], ...]:
         width = self.cfg.arrival_bucket_s
-        counts = self._bucket_counts
+        counts, tokens = self._bucket_counts, self._bucket_tokens
         records = self.records
         i = self._arr_idx
         n = len(records)
         while i < n and records[i].arrival_s < now:
             k = int(records[i].arrival_s // width)
             counts[k] = counts.get(k, 0) + 1
+            tokens[k] = tokens.get(k, 0) + records[i].prompt_tokens
             i += 1
         self._arr_idx = i
         current = int(now // width)  # the bucket in progress is not complete
         first = max(0, current - self.cfg.history_buckets)
         for k in [k for k in counts if k < first]:
             del counts[k]
+            tokens.pop(k, None)
         return tuple((k * width, counts.get(k, 0) / width) for k in range(first, current))
+
+    def _prompt_tps(self, now: float) -> float | None:
+        """Prompt tokens per second arrived over the last minute of complete buckets (the demand
+        in tokens: a prefill-bound pool's load, whatever the request count does)."""
+        width = self.cfg.arrival_bucket_s
+        current = int(now // width)
+        k = max(1, round(60.0 / width))
+        if current < 1:
+            return None
+        first = max(0, current - k)
+        return sum(self._bucket_tokens.get(b, 0) for b in range(first, current)) / ((current - first) * width)
 
     def _ttft(self, now: float) -> tuple[float | None, float | None]:
         slo = self.ttft_slo
@@ -288,6 +303,7 @@ class AutoscalingShell:
         self._tokens_since_last = 0
         self._last_t = now
         ids = [e.id for e in self.engines]
+        arrivals = self._arrivals(now)  # counts the prompt tokens _prompt_tps reads
         return PoolSignal(
             now=now,
             serving=tuple(serving),
@@ -295,7 +311,8 @@ class AutoscalingShell:
             warming=tuple(ids[i] for i in lc.ids_in(WARMING)),
             draining=tuple(ids[i] for i in lc.ids_in(DRAINING)),
             queued=0,
-            arrivals=self._arrivals(now),
+            arrivals=arrivals,
+            prompt_tokens_per_s=self._prompt_tps(now),
             throughput_rps=rps,
             throughput_tps=tps,
             ttft_attainment=ttft_att,
@@ -332,12 +349,22 @@ class AutoscalingShell:
             return {}
         state = scaler.state
         q = scaler.params.slo_target
-        return {
+        learned: dict[str, Any] = {
             "learned_capacity_rps": scaler.capacity_rps(self.spec),
             "capacity_prior_share": state.capacity_rps.prior_share,
             "headroom_activation": state.burst_activation.headroom(q),
             "headroom_cold_start": state.burst_cold.headroom(q),
         }
+        if scaler.params.slo_budget:  # what each pool size was seen to do, and the run's bank
+            budget = state.slo_budget
+            learned["slo_budget"] = {
+                "banked_requests": budget.banked(q),
+                "sizes": {
+                    str(r.size): {"worst_window_attainment": r.worst_attainment, "max_load": r.max_load}
+                    for r in sorted(budget.sizes, key=lambda r: r.size)
+                },
+            }
+        return learned
 
 
 def autoscale_report(result: Any, report: Mapping[str, Any], slo: Slo, *, bucket_s: float) -> dict[str, Any]:

@@ -32,6 +32,7 @@ EVIDENCE = TokenplaneParams(
     latency_queues=True,
     warm_slo_share=True,
     cancel_warming=True,
+    slo_budget=True,
 )
 
 fractions = st.floats(0.0, 1.0, allow_nan=False)

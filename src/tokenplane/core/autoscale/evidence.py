@@ -50,6 +50,9 @@ false (``bench/autoscale_suite.py`` turns all on); :mod:`.policy` sizes the pool
   attainment judges arrivals up to a window ago and lags the recovery. A need that ends
   before its cold start lands (a KV or SLO episode shorter than a cold start) then costs the
   decisions it lasted plus one, not a whole cold start stopped unused when it lands.
+* ``slo_budget``: the SLO as a run-level error budget: a pool that has banked margin may run one
+  instance short when the bank covers the worst window that size was measured at (at this load or
+  more) for a cold start; see :mod:`.budget`.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import msgspec
 
+from tokenplane.core.autoscale.budget import observe_budget
 from tokenplane.core.autoscale.burst import BurstMemory, RiseSample, fall_sample, rise_sample
 from tokenplane.core.autoscale.capacity import DEFAULT_KV_SATURATED
 from tokenplane.core.autoscale.evidence import queue_within_slo
@@ -52,6 +53,9 @@ def learn(state: ScalerState, p: TokenplaneParams, signal: PoolSignal, spec: Poo
                 if memory.half_life_s != half_life:
                     memory = BurstMemory(memory.samples, half_life)
                 state = msgspec.structs.replace(state, **{field: memory.add(sample)})
+    if p.slo_budget:
+        budget = observe_budget(state.slo_budget, signal, spec, interval_s=p.decision_interval_s)
+        state = msgspec.structs.replace(state, slo_budget=budget)
     if not p.learn_capacity:
         return state
     ready = sum(1 for v in signal.serving if v.ready and v.healthy)

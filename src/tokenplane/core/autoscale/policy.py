@@ -56,8 +56,9 @@ above (false). Parsing and checks: :mod:`tokenplane_params`.
 
 Evidence rules (params, default false; ``bench/autoscale_suite.py`` turns all on):
 ``symmetric_bursts``, ``capacity_lower_bounds``, ``trust_latency``, ``queue_buffer``,
-``window_from_cold_start``, ``latency_queues``, ``warm_slo_share`` and ``cancel_warming``, each a
-rule read from what the pool measures; they are described in :mod:`.evidence`.
+``window_from_cold_start``, ``latency_queues``, ``warm_slo_share``, ``cancel_warming`` and
+``slo_budget``, each a rule read from what the pool measures; they are described in
+:mod:`.evidence` (``slo_budget`` in :mod:`.budget`).
 
 Cost: two O(history) forecast passes and one pass over the serving instances per decision.
 
@@ -75,6 +76,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tokenplane.core.autoscale.base import AUTOSCALERS
+from tokenplane.core.autoscale.budget import affordable_size, held_by_budget
 from tokenplane.core.autoscale.decision import ActionKind, Needs, ScaleDecision, ScaleReason
 from tokenplane.core.autoscale.evidence import cancellable_warming, queue_within_slo, recovered
 from tokenplane.core.autoscale.forecast import holt_forecast
@@ -225,6 +227,15 @@ class TokenplaneScaler:
 
         busy = 1 if (fc_act.upper_rps > 0 or backlog > 0) else 0
         demand_up = demand_need(u)
+        # slo_budget (:mod:`.budget`): the estimated terms (demand, queue, warm pool) are capped at the
+        # smallest size the run's banked SLO margin pays for; the measured ones (SLO, KV) are not.
+        if p.slo_budget and n > 0:
+            h_cold = horizons(spec, p.decision_interval_s)[1]
+            size = affordable_size(state.slo_budget, n, signal, target=p.slo_target, horizon_s=h_cold)
+            afford = (n if at_risk else size) if size is not None else 1 << 30
+        else:
+            afford = 1 << 30
+        demand_up = min(demand_up, afford)
         held = False
         ceiling = state.capacity_rps.ceiling
         # latency_queues: a ceiling below a rate served comfortably is refuted (its saturated window
@@ -250,7 +261,7 @@ class TokenplaneScaler:
             held = True
         terms = (
             (ScaleReason.FORECAST_RISE, demand_up),
-            (ScaleReason.QUEUE_GROWING, queue_need(u)),
+            (ScaleReason.QUEUE_GROWING, min(queue_need(u), afford)),
             (ScaleReason.SLO_AT_RISK, max(slo_up, slo_hold)),
             (ScaleReason.KV_PRESSURE, kv_up),
         )
@@ -259,9 +270,11 @@ class TokenplaneScaler:
         # What the stabilisation window remembers excludes the backlog term: it is transient by
         # construction (sized to empty the queue), and holding a drained queue's peak for a whole
         # window is pure cost. The window guards against demand noise; the cooldown guards churn.
-        lasting = max(terms[0][1], terms[2][1], kv_up, demand_need(u_down), slo_hold, kv_down, busy)
-        raw_down = max(lasting, terms[1][1], queue_need(u_down))
-        provision = _ceil(provision_rps / (cap * u))
+        lasting = max(
+            terms[0][1], terms[2][1], kv_up, min(demand_need(u_down), afford), slo_hold, kv_down, busy
+        )
+        raw_down = max(lasting, terms[1][1], min(queue_need(u_down), afford))
+        provision = min(_ceil(provision_rps / (cap * u)), afford)
         if held or (p.latency_queues and unproven_comfort):
             # Nor pre-warm on it: only the rises measured within a cold start size the warm pool
             # (latency_queues: whenever the latency vouches for the pool, held or not).
@@ -282,6 +295,10 @@ class TokenplaneScaler:
                 # checks it only when it returns, and capacity shed for it then takes a cold start
                 # to come back: size for the remembered bursts at what has been served comfortably.
                 raw_down = max(raw_down, _ceil(remembered_rps / safe))
+        if afford < 1 << 30:  # slo_budget: its size is the floor while it holds the pool
+            raw_down = min(raw_down, max(afford, lasting))
+            if afford < n or held_by_budget(state.slo_budget, n, signal):
+                raw_down = max(raw_down, afford)
         if not signal.arrivals:
             raw_down = max(raw_down, n)  # no complete bucket measured yet: nothing to size down on
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
+from tokenplane.core.autoscale.budget import SloBudget
 from tokenplane.core.autoscale.burst import BurstMemory
 from tokenplane.core.autoscale.capacity import CapacityEstimate
 
@@ -26,3 +27,4 @@ class ScalerState(msgspec.Struct, frozen=True):
     safe_rps: float | None = None  # most req/s per instance served with comfortable latency
     first_decision_s: float | None = None
     last_asked: int | None = None  # serving + warm the previous decision asked for
+    slo_budget: SloBudget = SloBudget()  # slo_budget: the run's banked SLO margin (:mod:`.budget`)

@@ -88,6 +88,8 @@ class PoolMeasures(msgspec.Struct, frozen=True):
     * ``arrivals``: per-bucket arrival rates, oldest first, complete buckets only, evenly spaced
       (a partial last bucket reads as a drop in demand).
     * ``tokens_per_s_demand``: tokens per second asked of the pool now.
+    * ``prompt_tokens_per_s``: prompt tokens per second arrived over the last minute (``slo_budget``
+      compares pool sizes on it: a prefill-bound pool's work follows prompt tokens, not requests).
     * ``throughput_rps``/``throughput_tps``: completions over a recent window (feeds the capacity
       estimator, which divides by the ready serving instances now: measure over a window in which
       the ready set did not change, or scale to the current ready count).
@@ -100,6 +102,7 @@ class PoolMeasures(msgspec.Struct, frozen=True):
     queued: int = 0
     arrivals: tuple[RateSample, ...] = ()
     tokens_per_s_demand: float | None = None
+    prompt_tokens_per_s: float | None = None
     throughput_rps: float | None = None
     throughput_tps: float | None = None
     ttft_attainment: float | None = None

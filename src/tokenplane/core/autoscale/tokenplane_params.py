@@ -47,6 +47,7 @@ class TokenplaneParams(msgspec.Struct, frozen=True):
     latency_queues: bool = False
     warm_slo_share: bool = False
     cancel_warming: bool = False
+    slo_budget: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.target_utilisation <= 1:
@@ -111,6 +112,7 @@ BOOL_PARAMS = (
     "latency_queues",
     "warm_slo_share",
     "cancel_warming",
+    "slo_budget",
 )
 
 

@@ -1,0 +1,121 @@
+"""The ``slo_budget`` evidence rule: the SLO as a run-level error budget, not a per-window bar.
+
+The SLO asks that ``slo_target`` of the run's requests meet it. A pool that has served better than
+that has banked the difference (``met - slo_target × seen``, in requests), and may spend it on
+running one instance short, *if* the worst it has been seen to do at that size costs less than the
+bank over the time it takes to come back (a cold start plus a decision): sizes never measured, or
+measured only at a lower load than now, are not afforded (no extrapolation). While a size is
+afforded, the estimated terms (demand, queue, warm pool) are capped at it; the measured ones (the
+SLO and KV terms) are not, so a window that fails brings capacity back as before; and while the
+budget holds the pool below what a larger, measured pool carried at this load, the pool shrinks no
+further on the estimate (the sizes below are unmeasured there).
+
+What is measured (:func:`observe_budget`, from each signal): the bank, from each window's
+attainment weighted by the requests served over a decision interval (windows overlap and lag by
+the SLO, so this is an estimate of the run's attainment); and per ready pool size, the worst window
+attainment and the highest load (:func:`load`: prompt tokens/s where the shell measures them, else
+arrivals/s) seen at that size, once the size has held for a cold start plus the SLO plus a decision
+(so the window measured that size, not the one before).
+
+State is a few floats per pool size; every function is pure.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec
+
+__all__ = ["SloBudget", "affordable_size", "held_by_budget", "load", "observe_budget", "recent_rate"]
+
+
+class SizeRecord(msgspec.Struct, frozen=True):
+    """What one ready pool size has been seen to do: its worst window and the most load it carried."""
+
+    size: int
+    worst_attainment: float
+    max_load: float  # the load measure of :func:`load` at its busiest
+
+
+class SloBudget(msgspec.Struct, frozen=True):
+    """The run's banked SLO margin and what each pool size has been seen to do."""
+
+    met: float = 0.0  # requests estimated to have met the TTFT SLO
+    seen: float = 0.0  # requests estimated to have been judged
+    sizes: tuple[SizeRecord, ...] = ()
+    ready: int | None = None  # ready pool size at the last signal
+    ready_since_s: float | None = None  # when it became that size
+
+    def banked(self, target: float) -> float:
+        """Requests the run can still miss and meet ``target`` (negative: behind)."""
+        return self.met - target * self.seen
+
+    def record(self, size: int) -> SizeRecord | None:
+        return next((r for r in self.sizes if r.size == size), None)
+
+
+def observe_budget(budget: SloBudget, signal: PoolSignal, spec: PoolSpec, *, interval_s: float) -> SloBudget:
+    """The budget after one signal."""
+    ready = sum(1 for v in signal.serving if v.ready and v.healthy)
+    since = budget.ready_since_s
+    if ready != budget.ready or since is None:
+        since = signal.now
+    met, seen = budget.met, budget.seen
+    att, served = signal.ttft_attainment, signal.throughput_rps
+    if att is not None and served is not None and served > 0:
+        weight = served * interval_s
+        met, seen = met + att * weight, seen + weight
+    sizes = budget.sizes
+    settled = spec.cold_start_s + (spec.ttft_slo_s or 0.0) + interval_s
+    if att is not None and ready > 0 and signal.now - since >= settled:
+        old = budget.record(ready)
+        rec = SizeRecord(
+            ready,
+            att if old is None else min(old.worst_attainment, att),
+            load(signal) if old is None else max(old.max_load, load(signal)),
+        )
+        sizes = (*(r for r in sizes if r.size != ready), rec)
+    return SloBudget(met, seen, sizes, ready, since)
+
+
+def affordable_size(
+    budget: SloBudget, n: int, signal: PoolSignal, *, target: float, horizon_s: float
+) -> int | None:
+    """The smallest of ``n - 1`` and ``n`` measured at the load now or more, whose worst window the
+    bank covers for ``horizon_s`` at the arrival rate now (``None``: neither; nothing changes)."""
+    bank, now_load, rate_rps = budget.banked(target), load(signal), recent_rate(signal)
+    for size in (n - 1, n):
+        rec = budget.record(size)
+        if size < 1 or rec is None or rec.max_load < now_load:
+            continue
+        cost = max(0.0, target - rec.worst_attainment) * rate_rps * horizon_s
+        if bank > 0 and bank >= cost:
+            return size
+    return None
+
+
+def recent_rate(signal: PoolSignal) -> float:
+    """Arrivals per second over the last minute of complete buckets (throughput when none)."""
+    arrivals = signal.arrivals
+    if len(arrivals) >= 2 and arrivals[-1][0] > arrivals[-2][0]:
+        width = arrivals[-1][0] - arrivals[-2][0]
+        recent = arrivals[-max(1, round(60.0 / width)) :]
+        return sum(r for _, r in recent) / len(recent)
+    return signal.throughput_rps or 0.0
+
+
+def load(signal: PoolSignal) -> float:
+    """The load a size's record is compared on: prompt tokens per second asked when the shell
+    measures them (a prefill-bound pool's work follows tokens, not requests), else arrivals per
+    second."""
+    if signal.prompt_tokens_per_s is not None:
+        return signal.prompt_tokens_per_s
+    return recent_rate(signal)
+
+
+def held_by_budget(budget: SloBudget, n: int, signal: PoolSignal) -> bool:
+    """Whether a larger pool has been measured at the load now: then a pool of ``n`` that the
+    budget affords is where the budget (not the estimate) brought it, and it shrinks no further
+    on the estimate (sizes below are unmeasured at this load)."""
+    rec = budget.record(n + 1)
+    return rec is not None and rec.max_load >= load(signal)

@@ -1,0 +1,136 @@
+"""The ``slo_budget`` evidence rule (:mod:`tokenplane.core.autoscale.budget`): the run's banked SLO
+margin pays for running one instance short, only at a size measured at the load now or more, and
+the measured terms (SLO) still bring capacity back."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenplane.core.autoscale import PoolSignal, PoolSpec, ScaleReason, TokenplaneParams, TokenplaneScaler
+from tokenplane.core.autoscale.budget import SizeRecord, SloBudget, affordable_size, load, observe_budget
+from tokenplane.core.autoscale.scaler_state import ScalerState
+from tokenplane.core.views import InstanceView
+
+SPEC = PoolSpec(max_instances=24, capacity_rps=2.0, cold_start_s=60.0, warm_activation_s=5.0, ttft_slo_s=5.0)
+RULES = TokenplaneParams(
+    target_utilisation=1.0,
+    capacity_lower_bounds=True,
+    trust_latency=True,
+    window_from_cold_start=True,
+    latency_queues=True,
+    slo_budget=True,
+)
+
+
+def pool(n: int, *, rate: float, tokens: float | None, attainment: float, now: float = 1000.0) -> PoolSignal:
+    return PoolSignal(
+        now=now,
+        serving=tuple(InstanceView(f"i{k}", running=8) for k in range(n)),
+        arrivals=tuple((now - 60.0 + 15.0 * k, rate) for k in range(4)),
+        prompt_tokens_per_s=tokens,
+        throughput_rps=rate,
+        ttft_attainment=attainment,
+        ttft_p90_s=2.0,
+    )
+
+
+records = st.builds(SizeRecord, st.integers(1, 12), st.floats(0.0, 1.0), st.floats(0.0, 1e6, allow_nan=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(records, max_size=6, unique_by=lambda r: r.size),
+    met=st.floats(0.0, 1e5),
+    seen=st.floats(0.0, 1e5),
+    n=st.integers(1, 13),
+    rate=st.floats(0.1, 100.0),
+    tokens=st.none() | st.floats(0.0, 1e6),
+    horizon=st.floats(1.0, 900.0),
+)
+def test_only_a_size_measured_at_this_load_and_paid_for_is_afforded(
+    sizes: list[SizeRecord],
+    met: float,
+    seen: float,
+    n: int,
+    rate: float,
+    tokens: float | None,
+    horizon: float,
+) -> None:
+    budget = SloBudget(met, seen, tuple(sizes))
+    signal = pool(n, rate=rate, tokens=tokens, attainment=1.0)
+    size = affordable_size(budget, n, signal, target=0.95, horizon_s=horizon)
+    if size is None:
+        return
+    assert size in (n - 1, n) and size >= 1
+    rec = budget.record(size)
+    assert rec is not None and rec.max_load >= load(signal)
+    bank = budget.banked(0.95)
+    assert bank > 0 and bank >= (0.95 - rec.worst_attainment) * rate * horizon - 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(windows=st.lists(st.tuples(st.integers(1, 4), st.floats(0.0, 1.0), st.floats(0.1, 50.0)), max_size=40))
+def test_the_bank_is_the_served_weighted_attainment_and_records_keep_the_worst(
+    windows: list[tuple[int, float, float]],
+) -> None:
+    budget, met, seen = SloBudget(), 0.0, 0.0
+    for k, (n, att, rate) in enumerate(windows):
+        budget = observe_budget(
+            budget, pool(n, rate=rate, tokens=None, attainment=att, now=100.0 * k), SPEC, interval_s=15.0
+        )
+        met, seen = met + att * rate * 15.0, seen + rate * 15.0
+    assert abs(budget.met - met) <= 1e-6 * max(1.0, met) and abs(budget.seen - seen) <= 1e-6 * max(1.0, seen)
+    for rec in budget.sizes:  # only windows after the size held for a cold start + SLO + a decision
+        measured = [a for j, (n, a, _) in enumerate(windows) if n == rec.size]
+        assert measured and rec.worst_attainment >= min(measured)
+
+
+def test_a_size_is_not_recorded_before_it_has_settled() -> None:
+    budget = SloBudget()
+    for t in (0.0, 15.0, 30.0, 45.0, 60.0, 75.0):  # settled after 60 + 5 + 15 = 80 s
+        budget = observe_budget(
+            budget, pool(7, rate=14.0, tokens=None, attainment=0.5, now=t), SPEC, interval_s=15.0
+        )
+    assert budget.record(7) is None
+    budget = observe_budget(
+        budget, pool(7, rate=14.0, tokens=None, attainment=0.9, now=90.0), SPEC, interval_s=15.0
+    )
+    assert budget.record(7) == SizeRecord(7, 0.9, 14.0)
+
+
+def scaler_with(budget: SloBudget) -> TokenplaneScaler:
+    scaler = TokenplaneScaler(RULES)
+    # A learned capacity of 1.9 req/s per instance: the estimate alone keeps 8 for 14.5 req/s.
+    state = ScalerState(first_decision_s=0.0, slo_budget=budget)
+    scaler._state = msgspec.structs.replace(  # the state a run would have reached; decide reads it
+        state,
+        capacity_rps=msgspec.structs.replace(
+            state.capacity_rps, value=1.9, observations=5, weight=5.0, ceiling=1.9
+        ),
+    )
+    return scaler
+
+
+def test_a_banked_margin_pays_for_one_instance_fewer_and_a_failing_window_brings_it_back() -> None:
+    seven = SizeRecord(7, 0.90, 160_000.0)
+    rich = SloBudget(met=9_700.0, seen=10_000.0, sizes=(seven,))  # 200 requests banked
+    at_eight = pool(8, rate=14.5, tokens=150_000.0, attainment=0.97)
+    assert scaler_with(SloBudget()).decide(at_eight, SPEC, now=1000.0).target_serving == 8  # no bank
+    assert scaler_with(rich).decide(at_eight, SPEC, now=1000.0).target_serving == 7
+    # Measured only at a lower load (in prompt tokens/s): not afforded.
+    heavier = pool(8, rate=14.5, tokens=170_000.0, attainment=0.97)
+    assert scaler_with(rich).decide(heavier, SPEC, now=1000.0).target_serving == 8
+    # Not enough banked for the worst window at 7 over a cold start (0.05 x 14.5 x 75 = 54 requests).
+    poor = SloBudget(met=9_540.0, seen=10_000.0, sizes=(seven,))
+    assert scaler_with(poor).decide(at_eight, SPEC, now=1000.0).target_serving == 8
+    # At 7 on the budget, the estimate asking for 8 is capped; a failing SLO window is not.
+    at_seven = pool(7, rate=14.5, tokens=150_000.0, attainment=0.97)
+    eight = SizeRecord(8, 0.95, 160_000.0)
+    rich7 = msgspec.structs.replace(rich, sizes=(seven, eight))
+    assert scaler_with(SloBudget()).decide(at_seven, SPEC, now=1000.0).target_serving == 8  # no bank
+    assert scaler_with(rich7).decide(at_seven, SPEC, now=1000.0).target_serving == 7
+    failing = msgspec.structs.replace(at_seven, ttft_attainment=0.8, queued=20)
+    decision = scaler_with(rich7).decide(failing, SPEC, now=1000.0)
+    assert decision.target_serving > 7 and decision.reason is ScaleReason.SLO_AT_RISK
