@@ -58,7 +58,9 @@ async def test_one_replicas_work_shows_in_the_others_view_until_it_ends(
     failing = asyncio.create_task(a.post("/v1/chat/completions", {**_body(names), "stream": True}))
     await wait(lambda: b_sees(1))
     await failing
-    assert up.requests[-1]["stream"] and (await a.instances())[up.name]["consecutive_failures"] >= 1
+    # the break was counted (last_error stays; consecutive_failures does not: a continuation that
+    # the instance then answers resets it, which made this check flaky)
+    assert up.requests[-1]["stream"] and (await a.instances())[up.name]["last_error"]
     await wait(lambda: b_sees(0))
 
     up.mode = "hang"  # the client leaves: the abandoned attempt ends too
