@@ -4,20 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from block_chains import chain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenplane.core.routing.prefix_affinity import PrefixAffinityRouter
 from tokenplane.core.views import RequestInfo
 from tokenplane.shared_state.routing import SharedPrefixRouter, learn
-
-
-def chain(*blocks: int) -> tuple[int, ...]:
-    out, h = [], 0
-    for b in blocks:
-        h = hash((h, b))
-        out.append(h)
-    return tuple(out)
 
 
 class Wire:

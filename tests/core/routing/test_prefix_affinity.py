@@ -5,18 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from block_chains import chain
 
 from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.routing import PrefixAffinityRouter, build_router
 from tokenplane.core.views import InstanceView, RequestInfo, RouteReason
-
-
-def chain(*blocks: int) -> tuple[int, ...]:
-    out, h = [], 0
-    for b in blocks:
-        h = hash((h, b))
-        out.append(h)
-    return tuple(out)
 
 
 def req(rid: str, hashes: tuple[int, ...]) -> RequestInfo:

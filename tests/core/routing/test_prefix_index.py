@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from block_chains import chain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenplane.core.routing.prefix_index import PrefixIndex
-
-
-def chain(*blocks: int) -> tuple[int, ...]:
-    """Chained hashes: each covers every block before it (as the shells compute them)."""
-    out, h = [], 0
-    for b in blocks:
-        h = hash((h, b))
-        out.append(h)
-    return tuple(out)
 
 
 def reference_depth(index: PrefixIndex, hashes: tuple[int, ...], iid: str) -> int:

@@ -6,6 +6,7 @@ import math
 import random
 
 import pytest
+from block_chains import chain
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,14 +26,6 @@ from tokenplane.core.routing.scorers import (
 from tokenplane.core.views import InstanceView, RequestInfo, RouteDecision, RouteReason
 
 REQ = RequestInfo("r", "m", prompt_tokens=10, max_output_tokens=10)
-
-
-def chain(*blocks: int) -> tuple[int, ...]:
-    out, h = [], 0
-    for b in blocks:
-        h = hash((h, b))
-        out.append(h)
-    return tuple(out)
 
 
 def req(hashes: tuple[int, ...]) -> RequestInfo:
