@@ -50,6 +50,7 @@ def _catalogs() -> tuple[Catalog, Catalog, dict[str, str | None]]:
     for e in gpus.values():  # the fitted RTX 4090 efficiencies are what a prediction lacks
         e.pop("mem_efficiency", None)
         e.pop("compute_efficiency", None)
+        e.pop("matmul_tflops", None)  # the memory prior alone: compute at the mean (bench/matmul_prior.py)
     prior = Catalog.default().with_overrides({**data, "gpus": gpus}, base_dir=EXAMPLE.parent)
     bare = {n: {k: v for k, v in e.items() if k != "memory_type"} for n, e in gpus.items()}
     means = Catalog.default().with_overrides({**data, "gpus": bare}, base_dir=EXAMPLE.parent)

@@ -100,6 +100,9 @@ class GpuSpec:
     # The memory technology ("gddr6x", "hbm3"...; None: not stated). A catalogue entry that gives
     # it without a mem_efficiency takes its prior from it (tokenplane.sim.memory_tech).
     memory_type: str | None = None
+    # Measured best dense BF16 matmul TFLOP/s (None: not stated). A catalogue entry that gives it
+    # without a compute_efficiency takes its prior from it (tokenplane.sim.matmul_prior).
+    matmul_tflops: float | None = None
     aliases: tuple[str, ...] = ()
 
     @property
