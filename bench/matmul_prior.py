@@ -14,6 +14,10 @@ and the TPOT/TTFT mean errors printed for
 * ``fit A -> B``: leave-one-out: memory/compute efficiencies grid-fitted to run A and run B
   predicted with them as they are (``same``) and moved by the two cards' memory-type and matmul
   ratios (``both ratios``; and the range over the grid's five best fits, near-equal optima);
+* ``profiles``: on the Vidur profiles the reference was taken from (``gpu-profiles/``), each chip
+  with its own fitted memory and overhead constants and its compute efficiency at its fit, at the
+  documented mean and at its own matmul prior: rms log error over every row, and over the
+  compute-bound ones (TP 1, 2,048 tokens and more); a consistency check of the split;
 * ``needed``: at each card's compute prior, the memory efficiency (0.70..1.00 by 0.01) that brings
   its TPOT closest to 0: what the priors leave to the memory term.
 
@@ -25,20 +29,27 @@ Nothing here chooses a constant. Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
-from tokenplane.sim.catalog import Catalog
+from tokenplane.sim.calibrate import ALL_TPS, _loss, load_profile
+from tokenplane.sim.catalog import DEFAULT_COMPUTE_EFFICIENCY, Catalog
 from tokenplane.sim.catalog_file import read_catalog_file
 from tokenplane.sim.matmul_prior import (
+    A100_SXM_MATMUL_TFLOPS,
+    H100_SXM_MATMUL_TFLOPS,
     PUBLISHED_MATMUL_TFLOPS,
     REFERENCE_MATMUL_FRACTION,
     compute_efficiency_prior,
     matmul_ratio,
 )
 from tokenplane.sim.memory_tech import memory_type_ratio
+from tokenplane.sim.perf_model import StepTimeModel
 from tokenplane.sim.validation import Measurement, compare, load_measurement, measurement_folders, replay
+from tokenplane.sim.workloads.traces import traces_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "catalog-datasheet.yaml"
@@ -155,13 +166,44 @@ def table(runs: dict[str, Measurement]) -> dict[str, Any]:
     return out
 
 
+def profiles(traces: Path | None) -> dict[str, Any]:
+    """The compute prior on the reference chips' own Vidur profiles (see the module docstring)."""
+    folder = traces_dir(traces)
+    out: dict[str, Any] = {}
+    if folder is None or not (folder / "gpu-profiles").is_dir():
+        return out
+    cat = Catalog.default()
+    for chip, tflops in (("h100", H100_SXM_MATMUL_TFLOPS), ("a100", A100_SXM_MATMUL_TFLOPS)):
+        profs = [load_profile(p) for p in sorted((folder / "gpu-profiles").glob(f"{chip}_*_mlp.csv"))]
+        fit = cat.gpu(chip)
+        for label, ce in (
+            ("fit", fit.compute_efficiency),
+            ("mean", DEFAULT_COMPUTE_EFFICIENCY),
+            ("matmul prior", compute_efficiency_prior(tflops, fit.bf16_tflops)),
+        ):
+            g = dataclasses.replace(fit, compute_efficiency=ce)
+            big = [
+                math.log((m.linear_time(n) - m.allreduce_time(n)) / t) ** 2
+                for prof in profs
+                for m in [StepTimeModel(g, prof.model, 1, include_lm_head=False)]
+                for n, t in prof.times.get(1, {}).items()
+                if n >= 2048
+            ]
+            out[f"profiles {chip} {label}"] = {
+                "compute_efficiency": ce,
+                "rms_log_error": math.sqrt(_loss(g, profs, ALL_TPS)),
+                "rms_log_error_compute_bound": math.sqrt(sum(big) / len(big)) if big else None,
+            }
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--traces", type=Path, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     runs = {p.name.split("_")[0]: load_measurement(p) for p in measurement_folders(args.traces)}
-    result = table(runs)
+    result = {**table(runs), **profiles(args.traces)}
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -188,6 +230,11 @@ def main() -> int:
             tp, tt = top["tpot"], top["ttft"]
             spread = f"TPOT {tp[0]:+.1%}..{tp[1]:+.1%}  TTFT {tt[0]:+.1%}..{tt[1]:+.1%}"
             print(f"    {f'top {TOP_FITS} fits, both ratios':26s} {spread}")
+        elif case.startswith("profiles"):
+            print(
+                f"  {case:28s} compute {e['compute_efficiency']:.3f}: rms log error "
+                f"{e['rms_log_error']:.1%}, compute-bound rows {e['rms_log_error_compute_bound']:.1%}"
+            )
         elif case.startswith("needed"):
             print(
                 f"  {case:28s} mem {e['mem_efficiency']:.2f} (prior {e['prior']:.3f}) at the compute "
