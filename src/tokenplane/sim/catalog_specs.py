@@ -14,7 +14,7 @@ Calibration (re-run with ``python -m tokenplane.sim.calibrate --traces DIR``):
   profiles: they get the mean of the fitted H100/A100 efficiencies (an assumption, to be refined by
   the engine-level calibration against the vLLM measurements). A catalogue entry defined from its
   own figures that states its ``memory_type`` gets a memory efficiency scaled from that mean by
-  published streaming-read fractions instead (:mod:`tokenplane.sim.memory_tech`).
+  published bandwidth-bound benchmark fractions instead (:mod:`tokenplane.sim.memory_tech`).
 * ``layer_overhead_s`` is the per-layer floor of the many tiny kernels (norms, rope, adds at one
   token). ``step_overhead_s`` fits to ~0 on the profiles, which hold GPU kernel time only: the
   serving engine's CPU time per step (scheduling, sampling) is for the engine-level calibration
