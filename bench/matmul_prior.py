@@ -18,6 +18,9 @@ and the TPOT/TTFT mean errors printed for
   with its own fitted memory and overhead constants and its compute efficiency at its fit, at the
   documented mean and at its own matmul prior: rms log error over every row, and over the
   compute-bound ones (TP 1, 2,048 tokens and more); a consistency check of the split;
+* ``memprofiles``: the same for the memory prior: each reference chip at its fitted memory
+  efficiency, the documented mean and the prior its own row in the source gives it; rms log
+  error over every row and over the memory-bound ones (TP 1, at most 64 tokens);
 * ``needed``: at each card's compute prior, the memory efficiency (0.70..1.00 by 0.01) that brings
   its TPOT closest to 0: what the priors leave to the memory term.
 
@@ -36,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenplane.sim.calibrate import ALL_TPS, _loss, load_profile
-from tokenplane.sim.catalog import DEFAULT_COMPUTE_EFFICIENCY, Catalog
+from tokenplane.sim.catalog import DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEM_EFFICIENCY, Catalog
 from tokenplane.sim.catalog_file import read_catalog_file
 from tokenplane.sim.matmul_prior import (
     A100_SXM_MATMUL_TFLOPS,
@@ -46,7 +49,7 @@ from tokenplane.sim.matmul_prior import (
     compute_efficiency_prior,
     matmul_ratio,
 )
-from tokenplane.sim.memory_tech import memory_type_ratio
+from tokenplane.sim.memory_tech import CARD_FRACTION, REFERENCE_READ_FRACTION, memory_type_ratio
 from tokenplane.sim.perf_model import StepTimeModel
 from tokenplane.sim.validation import Measurement, compare, load_measurement, measurement_folders, replay
 from tokenplane.sim.workloads.traces import traces_dir
@@ -197,13 +200,49 @@ def profiles(traces: Path | None) -> dict[str, Any]:
     return out
 
 
+# The reference chips' own rows in the memory prior's source (sim/memory_tech.py).
+OWN_ROW = {"h100": "H100 SXM5 80GB HBM3", "a100": "A100 SXM4 80GB"}
+MEMORY_BOUND_TOKENS = 64
+
+
+def memory_profiles(traces: Path | None) -> dict[str, Any]:
+    """The memory prior's split on the reference chips' own Vidur profiles: each chip at its fitted
+    memory efficiency, at the documented mean, and at the prior its own row in the source gives it
+    (as if it had no fit); rms log error over every row and over the memory-bound ones (TP 1, at
+    most 64 tokens). A consistency check of the split, like ``profiles`` for compute."""
+    folder = traces_dir(traces)
+    out: dict[str, Any] = {}
+    if folder is None or not (folder / "gpu-profiles").is_dir():
+        return out
+    cat = Catalog.default()
+    for chip, row in OWN_ROW.items():
+        profs = [load_profile(p) for p in sorted((folder / "gpu-profiles").glob(f"{chip}_*_mlp.csv"))]
+        fit = cat.gpu(chip)
+        own = DEFAULT_MEM_EFFICIENCY * CARD_FRACTION[row] / REFERENCE_READ_FRACTION
+        for label, me in (("fit", fit.mem_efficiency), ("mean", DEFAULT_MEM_EFFICIENCY), ("own row", own)):
+            g = dataclasses.replace(fit, mem_efficiency=me)
+            small = [
+                math.log((m.linear_time(n) - m.allreduce_time(n)) / t) ** 2
+                for prof in profs
+                for m in [StepTimeModel(g, prof.model, 1, include_lm_head=False)]
+                for n, t in prof.times.get(1, {}).items()
+                if n <= MEMORY_BOUND_TOKENS
+            ]
+            out[f"memprofiles {chip} {label}"] = {
+                "mem_efficiency": me,
+                "rms_log_error": math.sqrt(_loss(g, profs, ALL_TPS)),
+                "rms_log_error_memory_bound": math.sqrt(sum(small) / len(small)) if small else None,
+            }
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--traces", type=Path, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     runs = {p.name.split("_")[0]: load_measurement(p) for p in measurement_folders(args.traces)}
-    result = {**table(runs), **profiles(args.traces)}
+    result = {**table(runs), **profiles(args.traces), **memory_profiles(args.traces)}
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -234,6 +273,11 @@ def main() -> int:
             print(
                 f"  {case:28s} compute {e['compute_efficiency']:.3f}: rms log error "
                 f"{e['rms_log_error']:.1%}, compute-bound rows {e['rms_log_error_compute_bound']:.1%}"
+            )
+        elif case.startswith("memprofiles"):
+            print(
+                f"  {case:28s} memory {e['mem_efficiency']:.3f}: rms log error "
+                f"{e['rms_log_error']:.1%}, memory-bound rows {e['rms_log_error_memory_bound']:.1%}"
             )
         elif case.startswith("needed"):
             print(
