@@ -6,7 +6,7 @@ efficiencies) and the TPOT/TTFT mean errors printed for
 
 * ``means``: every GPU at the documented H100/A100 mean efficiencies (before);
 * ``prior``: each GPU's ``mem_efficiency`` from its ``memory_type`` (:mod:`tokenplane.sim.memory_tech`,
-  gpu-benches streaming reads; compute at the mean) (after);
+  FluidX3D bandwidth fractions; compute at the mean) (after);
 * ``fit A -> B``: leave-one-out, memory/compute efficiencies grid-fitted to run A (as
   ``bench/kv_read_efficiency.py`` does) and B predicted with them as they are (``same``) and with
   the memory efficiency moved by the two memory types' ratio (``memory_type``);
@@ -50,6 +50,7 @@ def _catalogs() -> tuple[Catalog, Catalog, dict[str, str | None]]:
     for e in gpus.values():  # the fitted RTX 4090 efficiencies are what a prediction lacks
         e.pop("mem_efficiency", None)
         e.pop("compute_efficiency", None)
+        e.pop("matmul_tflops", None)  # the memory prior alone: compute at the mean (bench/matmul_prior.py)
     prior = Catalog.default().with_overrides({**data, "gpus": gpus}, base_dir=EXAMPLE.parent)
     bare = {n: {k: v for k, v in e.items() if k != "memory_type"} for n, e in gpus.items()}
     means = Catalog.default().with_overrides({**data, "gpus": bare}, base_dir=EXAMPLE.parent)
@@ -117,7 +118,8 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print("gpu-benches read fractions:", {k: round(v, 3) for k, v in result["source_read_fraction"].items()})
+    fractions = {k: round(v, 3) for k, v in result["source_read_fraction"].items()}
+    print("FluidX3D bandwidth fractions (median by type):", fractions)
     for g, p in result["prior"].items():
         print(f"  {g:12s} memory_type {p['memory_type']!s:7s} mem_efficiency prior {p['mem_efficiency']:.3f}")
     for case, e in result.items():

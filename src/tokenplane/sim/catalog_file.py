@@ -3,7 +3,8 @@ catalogue's known GPUs and models, and reading a catalogue YAML file. A model en
 shape from a Hugging Face ``config.json`` (:mod:`tokenplane.sim.hf_config`); a GPU entry may be
 given by datasheet figures alone (``replace: true``; its efficiencies then default to the
 documented means in :mod:`tokenplane.sim.catalog_specs`, its memory efficiency to the prior of its
-``memory_type`` when it gives one: :mod:`tokenplane.sim.memory_tech`)."""
+``memory_type`` when it gives one: :mod:`tokenplane.sim.memory_tech`, its compute efficiency to
+the prior of its measured ``matmul_tflops``: :mod:`tokenplane.sim.matmul_prior`)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from tokenplane.sim.catalog_specs import (
     model_key,
 )
 from tokenplane.sim.errors import CatalogError
+from tokenplane.sim.matmul_prior import compute_efficiency_prior
 from tokenplane.sim.memory_tech import MemoryType, mem_efficiency_prior
 
 
@@ -51,6 +53,7 @@ class GpuConfig(BaseModel):
     knee_sharpness: float = Field(default=DEFAULT_KNEE_SHARPNESS, ge=1)
     kv_read_efficiency: float = Field(default=DEFAULT_KV_READ_EFFICIENCY, gt=0, le=1)
     memory_type: MemoryType | None = None
+    matmul_tflops: float | None = Field(default=None, gt=0)
     aliases: tuple[str, ...] = ()
 
     @field_validator("memory_type", mode="before")
@@ -170,10 +173,15 @@ def merge_entries(
             gc = GpuConfig.model_validate({**base, **fields})
         except ValidationError as e:
             raise CatalogError(_format_validation_error(f"gpus.{name}", e)) from e
-        if gc.memory_type is not None and "mem_efficiency" not in fields and (existing is None or replace):
+        own_figures = existing is None or replace
+        if gc.memory_type is not None and "mem_efficiency" not in fields and own_figures:
             # Defined from its own figures, with its memory but no efficiency: the memory
             # technology's prior instead of the documented mean (a known GPU's fit is inherited).
             gc = gc.model_copy(update={"mem_efficiency": mem_efficiency_prior(gc.memory_type)})
+        if gc.matmul_tflops is not None and "compute_efficiency" not in fields and own_figures:
+            # Likewise its measured matmul throughput (tokenplane.sim.matmul_prior).
+            prior = compute_efficiency_prior(gc.matmul_tflops, gc.bf16_tflops)
+            gc = gc.model_copy(update={"compute_efficiency": prior})
         new_name = existing.name if existing is not None else gpu_key(name)
         gpus[new_name] = GpuSpec(name=new_name, **gc.model_dump())
     for name, raw in cfg.models.items():

@@ -14,7 +14,7 @@ Calibration (re-run with ``python -m tokenplane.sim.calibrate --traces DIR``):
   profiles: they get the mean of the fitted H100/A100 efficiencies (an assumption, to be refined by
   the engine-level calibration against the vLLM measurements). A catalogue entry defined from its
   own figures that states its ``memory_type`` gets a memory efficiency scaled from that mean by
-  published streaming-read fractions instead (:mod:`tokenplane.sim.memory_tech`).
+  published bandwidth-bound benchmark fractions instead (:mod:`tokenplane.sim.memory_tech`).
 * ``layer_overhead_s`` is the per-layer floor of the many tiny kernels (norms, rope, adds at one
   token). ``step_overhead_s`` fits to ~0 on the profiles, which hold GPU kernel time only: the
   serving engine's CPU time per step (scheduling, sampling) is for the engine-level calibration
@@ -100,6 +100,9 @@ class GpuSpec:
     # The memory technology ("gddr6x", "hbm3"...; None: not stated). A catalogue entry that gives
     # it without a mem_efficiency takes its prior from it (tokenplane.sim.memory_tech).
     memory_type: str | None = None
+    # Measured best dense BF16 matmul TFLOP/s (None: not stated). A catalogue entry that gives it
+    # without a compute_efficiency takes its prior from it (tokenplane.sim.matmul_prior).
+    matmul_tflops: float | None = None
     aliases: tuple[str, ...] = ()
 
     @property
