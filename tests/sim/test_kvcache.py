@@ -244,3 +244,15 @@ class KVMachine(RuleBasedStateMachine):
 
 KVMachine.TestCase.settings = settings(max_examples=50, stateful_step_count=40, deadline=None)
 TestKVMachine = KVMachine.TestCase
+
+
+def test_park_caches_free_blocks_deepest_first_and_skips_known_hashes() -> None:
+    kv = KVCache(6, 16)
+    _cache_entry(kv, 9, 1)  # an older cached entry: evicted before the parked ones
+    kv.park([1, 2, 3, 9])  # 9 is already cached: no block for it
+    assert (kv.free, kv.evictable, kv.usage) == (2, 4, 0.0)
+    assert list(kv.lru) == [9, 3, 2, 1]  # a preempted sequence's leading block is evicted last
+    assert kv.match([1, 2, 3], 3) == 3
+    kv.check()
+    kv.park([])
+    kv.check()

@@ -286,3 +286,20 @@ def test_malformed_meta_is_a_validation_error(tmp_path: Path, meta: Any) -> None
     (folder / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ValidationError, match=r"meta\.json"):
         load_measurement(folder)
+
+
+@pytest.mark.parametrize(
+    ("resolved", "expected"),
+    [
+        (None, True),  # not recorded: vLLM's default
+        ({"scheduler_config": {"scheduler_reserve_full_isl": False}}, False),
+        ({"scheduler_config": {"scheduler_reserve_full_isl": True}}, True),
+        ("<SchedulerConfig>", True),  # not an object: ignored
+    ],
+)
+def test_load_measurement_reads_the_full_prompt_admission_gate(
+    tmp_path: Path, resolved: Any, expected: bool
+) -> None:
+    meta = {**META, **({"resolved_config": resolved} if resolved is not None else {})}
+    m = load_measurement(_folder(tmp_path, [_record(0.0, 10, 2, 0.1, 0.2)], meta=meta))
+    assert m.reserve_full_prompt is expected

@@ -84,8 +84,10 @@ BUILTIN_GPUS: tuple[GpuSpec, ...] = (
         price_per_hour=0.69,  # RunPod on-demand RTX 4090, 2025 (assumption)
         # No Vidur profile exists for this GPU: efficiencies grid-fitted to the real vLLM 0.19 run
         # in vllm-measurements/RTX4090_Llama-3.1-8B (python -m tokenplane.sim.calibrate
-        # --engine-fit ...). `tokenplane validate` on that same run is therefore a fit check.
-        mem_efficiency=0.95,
+        # --engine-fit ...). `tokenplane validate` on that same run is therefore a fit check. Refitted
+        # (0.95 -> 0.90) once the twin reserved a whole prompt at admission and kept a preempted
+        # request's blocks cached, as vLLM does: the old fit made up for the extra recompute.
+        mem_efficiency=0.90,
         compute_efficiency=0.85,
         interconnect_gbps=64,  # PCIe 4.0 x16, no NVLink
         aliases=("rtx-4090", "rtx 4090", "geforce rtx 4090", "nvidia geforce rtx 4090"),

@@ -284,7 +284,7 @@ class ContinuousEngine(DecodeRuns, SeqRelease):
                 break
             p = seq.computed
             c = min(seq.prompt - p, budget)
-            need = -(-(p + c) // bs) - seq.held * seq.nbh - seq.private
+            need = -(-(p + c) // bs) - seq.held * seq.nbh - seq.own_held - seq.private
             if not kv.allocate(need):
                 break
             seq.private += need
@@ -299,26 +299,32 @@ class ContinuousEngine(DecodeRuns, SeqRelease):
             adapter = seq.spec.adapter if lora is not None else None
             if adapter and lora is not None and not lora.can_admit(adapter):
                 break  # every slot is used by running requests: wait (FCFS)
-            n = 0
+            n = m = 0
             if seq.hashes:
                 n = kv.match(seq.hashes, (seq.prompt - 1) // seq.hblock)
                 if n:
                     kv.acquire(seq.hashes[:n])
-            hit = n * seq.hblock
+            if seq.own and n == len(seq.hashes):  # its own blocks that survived a preemption
+                m = kv.match(seq.own, (seq.prompt - 1) // bs - n * seq.nbh)
+                kv.acquire(seq.own[:m])
+            hit = n * seq.hblock + m * bs
             if seq.remote:  # its KV arrived from a prefill instance: only the rest is computed
                 hit = seq.remote
             c = min(seq.prompt - hit, budget)
-            need = -(-(hit + c) // bs) - n * seq.nbh - seq.private
-            if not kv.allocate(need):
-                if n:
-                    kv.release(seq.hashes[:n])
+            held = n * seq.nbh + m + seq.private
+            need = -(-(hit + c) // bs) - held
+            # vLLM's scheduler_reserve_full_isl: admitted only if its whole prompt fits now.
+            full = -(-seq.prompt // bs) - held if cfg.reserve_full_prompt else 0
+            if full > kv.available or not kv.allocate(need):
+                kv.release(seq.hashes[:n])
+                kv.release(seq.own[:m])
                 break
             waiting.popleft()
             if adapter and lora is not None:
                 loads = lora.loads
                 stall += lora.admit(adapter)
                 self.record.adapter_loads += lora.loads - loads
-            seq.held = n
+            seq.held, seq.own_held = n, m
             seq.private += need  # 0 before, unless blocks were reserved for a KV transfer
             seq.computed = hit
             seq.state = PREFILL

@@ -24,6 +24,9 @@ class EngineSettings(BaseModel):
     max_num_batched_tokens: int = Field(2048, gt=0)
     block_size: int = Field(16, gt=0)
     enable_prefix_caching: bool = True
+    # vLLM's scheduler_reserve_full_isl (its default since it was added): a waiting request is
+    # admitted only when KV blocks for its whole prompt are free, not just for its first chunk.
+    reserve_full_prompt: bool = True
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     kv_capacity_tokens: int | None = Field(None, gt=0)
     max_model_len: int | None = Field(None, gt=0)

@@ -121,6 +121,19 @@ class KVCache:
                 self.evictable += e[1]
                 self.referenced_cached -= e[1]
 
+    def park(self, hashes: Sequence[int]) -> None:
+        """Turn one free block per hash (not already cached) into a cached, unreferenced entry:
+        the full blocks a preempted sequence computed, freed deepest first as vLLM frees them."""
+        entries, lru = self.entries, self.lru
+        n = 0
+        for h in reversed(hashes):
+            if h not in entries:
+                entries[h] = [0, 1]
+                lru[h] = 1
+                n += 1
+        self.free -= n
+        self.evictable += n
+
     def register(self, h: int, nblocks: int) -> None:
         """Turn ``nblocks`` private blocks holding hash ``h`` into a cached, referenced entry.
 

@@ -61,6 +61,7 @@ def engine_config(fleet: FleetSettings | FleetGroup, catalog: Catalog) -> Engine
         block_size=e.block_size,
         kv_capacity_tokens=kv_tokens,
         enable_prefix_caching=e.enable_prefix_caching,
+        reserve_full_prompt=e.reserve_full_prompt,
         max_model_len=e.max_model_len,
         static_batch_size=e.static_batch_size,
         max_adapters=e.lora.max_adapters if e.lora is not None else 0,

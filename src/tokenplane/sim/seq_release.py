@@ -100,12 +100,13 @@ class SeqRelease:
             self.record.busy_s += now - self.busy_since
         return True
 
-    def _release(self, seq: Seq, inflight: int = 0) -> None:
-        """Free what ``seq`` holds; ``inflight=1`` when a planned step already allocated for it."""
+    def _release(self, seq: Seq, inflight: int = 0, park: tuple[int, ...] = ()) -> None:
+        """Free what ``seq`` holds; ``inflight=1`` when a planned step already allocated for it.
+        ``park``: its own full blocks to keep cached (a preemption), in chain order."""
         kv = self.kv
         if seq.state == DECODE:
             ctx = seq.ctx0 + (self.dsteps - seq.step0)
-            private = -(-(ctx + inflight) // self.bs) - seq.held * seq.nbh
+            private = -(-(ctx + inflight) // self.bs) - seq.held * seq.nbh - seq.own_held
             self.residues[seq.residue] -= 1
             self.n_dec -= 1
             self.sum_ctx -= ctx
@@ -113,21 +114,38 @@ class SeqRelease:
         else:
             private = seq.private
         kv.release_private(private)
+        # Deepest first, as vLLM frees a request's blocks: its leading blocks are evicted last.
+        kv.park(park)
+        kv.release(seq.own[: seq.own_held])
         if seq.held:
             kv.release(seq.hashes[: seq.held])
         seq.private = 0
         seq.held = 0
+        seq.own_held = 0
         seq.epoch += 1
         if self.running.pop(seq.uid, None) is not None and self.lora is not None and seq.spec.adapter:
             self.lora.release(seq.spec.adapter)
         self.prefilling.pop(seq.uid, None)
+
+    def _own_blocks(self, seq: Seq) -> tuple[int, ...]:
+        """Ids of ``seq``'s full blocks past its content hashes (its prompt's rest and what it
+        generated), when prefix caching is on and its content hashes are all cached: vLLM hashes
+        every full block of a request, so a preempted one finds its own blocks again on resume
+        unless they were evicted meanwhile. The ids are unique to the sequence and the block index."""
+        if not self.kv.prefix_caching or seq.held < len(seq.hashes):
+            return ()
+        ctx = seq.ctx0 + (self.dsteps - seq.step0) if seq.state == DECODE else seq.computed
+        base = len(seq.hashes) * seq.nbh
+        return tuple(hash((-7, seq.uid, k)) for k in range(base, ctx // self.bs))
 
     def _preempt_newest(self, now: float) -> None:
         uid = next(reversed(self.running))
         seq = self.running[uid]
         if seq.state == DECODE:
             seq.last_token_s = now  # preemption happens at a step boundary, when it last emitted
-        self._release(seq)
+        own = self._own_blocks(seq)
+        self._release(seq, park=own[seq.own_held :])
+        seq.own = own
         seq.prompt = seq.spec.prompt_tokens + seq.generated
         seq.computed = 0
         seq.remote = 0  # its transferred KV is gone with the blocks: recompute it here

@@ -34,6 +34,7 @@ class EngineConfig:
     static_batch_size: int = 32
     max_adapters: int = 0  # LoRA slots (0: no LoRA; requests' adapters are ignored)
     adapter_load_s: float = 0.0  # stall of the step that loads a missing adapter
+    reserve_full_prompt: bool = True  # vLLM's scheduler_reserve_full_isl (see fleet_settings)
 
     def __post_init__(self) -> None:
         if min(self.max_num_seqs, self.max_num_batched_tokens, self.block_size, self.kv_capacity_tokens) <= 0:
@@ -58,6 +59,8 @@ class Seq:
         "info",
         "last_token_s",
         "nbh",
+        "own",
+        "own_held",
         "private",
         "prompt",
         "record",
@@ -90,6 +93,11 @@ class Seq:
         self.remote = 0
         self.generated = 0
         self.held = 0
+        # Its own full blocks past its content hashes, registered when it was preempted (prefix
+        # caching keeps a preempted request's blocks cached, so its resume reuses those not evicted
+        # since), and how many of them it holds now.
+        self.own: tuple[int, ...] = ()
+        self.own_held = 0
         self.private = 0
         self.state = WAITING
         self.epoch = 0

@@ -55,6 +55,8 @@ class Measurement:
     gpu_memory_utilization: float
     enable_prefix_caching: bool
     requests: tuple[MeasuredRequest, ...]
+    # vLLM's scheduler_reserve_full_isl from the resolved config when recorded, else its default.
+    reserve_full_prompt: bool = True
 
 
 class _ReplayWorkload:
@@ -141,9 +143,16 @@ def load_measurement(folder: Path) -> Measurement:
         for q, p, o, first, last in raw
     )
     try:
-        return _measurement(folder, gpu, model, kwargs, inst, block_size, kv_tokens, util, kv, requests)
+        return _measurement(folder, gpu, model, kwargs, inst, block_size, kv_tokens, util, kv, requests, meta)
     except (TypeError, ValueError) as exc:
         raise ValidationError(f"{folder / 'meta.json'}: bad engine setting: {exc}") from exc
+
+
+def _scheduler_config(meta: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's resolved scheduler config when the run recorded it (``resolved_config``), else empty."""
+    resolved = meta.get("resolved_config")
+    sched = resolved.get("scheduler_config") if isinstance(resolved, dict) else None
+    return sched if isinstance(sched, dict) else {}
 
 
 def _measurement(
@@ -157,6 +166,7 @@ def _measurement(
     util: float,
     kv: dict[str, Any],
     requests: tuple[MeasuredRequest, ...],
+    meta: dict[str, Any],
 ) -> Measurement:
     return Measurement(
         name=folder.name,
@@ -170,6 +180,7 @@ def _measurement(
         gpu_memory_utilization=util,
         enable_prefix_caching=bool(kv.get("enable_prefix_caching", True)),
         requests=requests,
+        reserve_full_prompt=bool(_scheduler_config(meta).get("scheduler_reserve_full_isl", True)),
     )
 
 
@@ -198,6 +209,7 @@ def replay(m: Measurement, catalog: Catalog) -> list[RequestRecord]:
                 kv_capacity_tokens=m.kv_capacity_tokens,
                 gpu_memory_utilization=m.gpu_memory_utilization,
                 enable_prefix_caching=m.enable_prefix_caching,
+                reserve_full_prompt=m.reserve_full_prompt,
             ),
         ),
         workload={},
