@@ -154,37 +154,51 @@ def _separable_loop(tree: nodes.Template) -> int | None:
 class SplitTemplate:
     """A separable template as three: head, the loop over ``messages``, tail."""
 
-    __slots__ = ("_globals", "_head", "_loop", "_tail")
+    __slots__ = ("_head", "_loop", "_tail")
 
     def __init__(self, env: jinja2.Environment, tree: nodes.Template, at: int) -> None:
-        self._globals = dict(env.globals)
-        self._head = env.from_string(nodes.Template(tree.body[:at]))
-        self._loop = env.from_string(nodes.Template([tree.body[at]]))
-        self._tail = env.from_string(nodes.Template(tree.body[at + 1 :]))
+        self._head = _Compiled(env.from_string(nodes.Template(tree.body[:at])))
+        self._loop = _Compiled(env.from_string(nodes.Template([tree.body[at]])))
+        self._tail = _Compiled(env.from_string(nodes.Template(tree.body[at + 1 :])))
 
     def head(self, variables: Mapping[str, Any]) -> str:
-        return _call(self._head, self._globals, variables, ())
+        return self._head(variables, ())
 
     def messages(self, messages: Sequence[Mapping[str, Any]], variables: Mapping[str, Any]) -> str:
-        return _call(self._loop, self._globals, variables, messages)
+        return self._loop(variables, messages)
 
     def tail(self, variables: Mapping[str, Any]) -> str:
-        return _call(self._tail, self._globals, variables, ())
+        return self._tail(variables, ())
 
 
-def _call(
-    template: jinja2.Template, env_globals: Mapping[str, Any], variables: Mapping[str, Any], messages: Any
-) -> str:
-    """``template.render(variables, messages=messages)``, less its cost per call: the context is
-    built from one dict (``render`` merges and scans the environment's globals, a ``ChainMap``,
-    twice per call)."""
-    context = {**env_globals, **variables, "messages": messages}
-    try:
-        return "".join(template.root_render_func(template.new_context(context, shared=True)))
-    except TemplateError:
-        raise
-    except Exception as exc:  # the sandbox, an undefined variable, a type error in the template
-        raise TemplateError(f"the chat template failed: {exc}") from None
+class _Compiled:
+    """A compiled template rendered as ``template.render(variables, messages=messages)``, less its
+    cost per call: the context is built from one dict (``render`` merges and scans the
+    environment's globals, a ``ChainMap``, twice per call), and the template's globals are read
+    once (``Template.new_context`` hands the ``ChainMap`` to ``Context``, which makes a set of its
+    keys each call: ~20 k instructions a request). The context is the one ``new_context(...,
+    shared=True)`` makes: the same parent dict, name, blocks and globals' keys."""
+
+    __slots__ = ("_blocks", "_context", "_env", "_globals", "_name", "_root")
+
+    def __init__(self, template: jinja2.Template) -> None:
+        self._root = template.root_render_func
+        self._env = template.environment
+        self._context = template.environment.context_class
+        self._name = template.name
+        self._blocks = template.blocks
+        self._globals = dict(template.globals)
+
+    def __call__(self, variables: Mapping[str, Any], messages: Any) -> str:
+        env_globals = self._globals
+        context = {**env_globals, **variables, "messages": messages}
+        try:
+            ctx = self._context(self._env, context, self._name, self._blocks, globals=env_globals)
+            return "".join(self._root(ctx))
+        except TemplateError:
+            raise
+        except Exception as exc:  # the sandbox, an undefined variable, a type error in the template
+            raise TemplateError(f"the chat template failed: {exc}") from None
 
 
 _RENDER_ARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
@@ -194,18 +208,17 @@ class ChatTemplate:
     """One compiled template and the special tokens it is rendered with; ``split`` where the
     template renders message by message (:class:`SplitTemplate`), else ``None``."""
 
-    __slots__ = ("_globals", "_template", "source", "special_tokens", "split")
+    __slots__ = ("_template", "source", "special_tokens", "split")
 
     def __init__(self, source: str, special_tokens: Mapping[str, str]) -> None:
         self.source = source
         self.special_tokens = dict(special_tokens)
         env = _environment()
         try:
-            self._template = env.from_string(source)
+            self._template = _Compiled(env.from_string(source))
             tree = env.parse(source)
         except jinja2.TemplateSyntaxError as exc:
             raise ConfigError(f"the chat template does not compile: {exc}") from None
-        self._globals = dict(env.globals)
         at = _separable_loop(tree)
         self.split = SplitTemplate(env, tree, at) if at is not None else None
 
@@ -240,7 +253,7 @@ class ChatTemplate:
         extra: Mapping[str, Any] | None = None,
     ) -> str:
         kwargs = self.variables(add_generation_prompt, tools, documents, extra)
-        text = _call(self._template, self._globals, kwargs, messages)
+        text = self._template(kwargs, messages)
         if continue_final_message and messages:
             final = messages[-1].get("content")
             if isinstance(final, str) and final.strip():

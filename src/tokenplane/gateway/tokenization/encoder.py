@@ -143,6 +143,42 @@ class _Pieces:
             spans = self._spans = self._find(after + 1)
         return spans[len(spans) - 1 - after]
 
+    def last_added(self, bound: int) -> tuple[int, int, int] | None:
+        """The last added token whose text ends at or before ``bound``: its index in ``ids`` and
+        its span in the text (``None``: there is none). What :meth:`token_to_chars` gives for the
+        last added id whose span so ends, found with one search of the text (from after a space
+        some way before ``bound`` where ``sync``, as :meth:`_find`) and one walk back over the
+        ids: the k-th match from the end is the k-th added id from the end."""
+        text, split = self._text, self._split
+        spans: list[tuple[int, int]] | None = None
+        if self._sync:
+            for tail in _TAILS:
+                start = bound - tail
+                if start <= 0:
+                    break
+                found = [m.span() for m in split.finditer(text, text.rfind(" ", 0, start) + 1)]
+                if found and found[0][1] <= bound:
+                    spans = found
+                    break
+        if spans is None:
+            spans = [m.span() for m in split.finditer(text)]
+        at = len(spans) - 1
+        while at >= 0 and spans[at][1] > bound:
+            at -= 1
+        if at < 0:
+            return None
+        after = len(spans) - 1 - at  # the added ids after the one wanted
+        added, ids = self._added_ids, self.ids
+        i = len(ids) - 1
+        while i >= 0:
+            if ids[i] in added:
+                if not after:
+                    a0, a1 = spans[at]
+                    return i, a0, a1
+                after -= 1
+            i -= 1
+        return None
+
     def _find(self, need: int) -> list[tuple[int, int]]:
         """The added tokens' matches, in order: the last ``need`` at least (all where fewer). With
         ``sync`` (no added token holds a white space) the search starts after a space some way

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 from tokenplane.gateway.errors import ConfigError
 from tokenplane.gateway.token_blocks import TokenBlocks
 from tokenplane.gateway.tokenization.chat_template import ChatTemplate, SplitTemplate, TemplateError
-from tokenplane.gateway.tokenization.encoder import EncoderChoice, NotExact, load_encoder
+from tokenplane.gateway.tokenization.encoder import EncoderChoice, NotExact, _Pieces, load_encoder
 from tokenplane.gateway.tokenization.prefix_cache import (
     DEFAULT_CACHE_ENTRIES,
     DEFAULT_CACHE_TOKENS,
@@ -120,7 +120,7 @@ def _seen_after(base: SeenMessages | None, new: list[dict[str, Any]]) -> SeenMes
                 break
         else:
             kept.append(m.copy())
-            chars += len("".join(m.values()))
+            chars += sum(map(len, m.values()))
     return SeenMessages(kept, order + tuple(chain.from_iterable(new)), plain, chars)
 
 
@@ -322,16 +322,22 @@ class LocalTokenizer:
             enc = self._encode(whole)
             new = enc.ids
             self.cache.misses += 1
-        added = self.added_ids
         bound = limit + shift
-        cut = len(new) - 1
         span: tuple[int, int] | None = None
-        while cut >= skip:
-            if new[cut] in added:
-                span = enc.token_to_chars(cut)  # one token's offsets (not the whole list)
-                if span is not None and span[1] <= bound:
-                    break
-            cut -= 1
+        if type(enc) is _Pieces:  # (tiktoken, fastokens: one search of the text)
+            found = enc.last_added(bound)
+            cut = skip - 1 if found is None else found[0]
+            if found is not None:
+                span = found[1], found[2]
+        else:
+            added = self.added_ids
+            cut = len(new) - 1
+            while cut >= skip:
+                if new[cut] in added:
+                    span = enc.token_to_chars(cut)  # one token's offsets (not the whole list)
+                    if span is not None and span[1] <= bound:
+                        break
+                cut -= 1
         # (tiktoken's ids come as an ``array('i')``: joined by memcpy, no Python int per id)
         if base is not None:
             out = array("i", base.ids)
