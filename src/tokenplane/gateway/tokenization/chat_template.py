@@ -167,6 +167,10 @@ class SplitTemplate:
     def messages(self, messages: Sequence[Mapping[str, Any]], variables: Mapping[str, Any]) -> str:
         return self._loop(variables, messages)
 
+    def loop(self, variables: Mapping[str, Any]) -> MessagesLoop:
+        """:meth:`messages` with ``variables`` bound, for many calls."""
+        return MessagesLoop(self._loop, variables)
+
     def tail(self, variables: Mapping[str, Any]) -> str:
         return self._tail(variables, ())
 
@@ -199,6 +203,46 @@ class _Compiled:
             raise
         except Exception as exc:  # the sandbox, an undefined variable, a type error in the template
             raise TemplateError(f"the chat template failed: {exc}") from None
+
+
+class MessagesLoop:
+    """A split template's loop with its variables bound, rendered in one Jinja context kept from
+    call to call (building one is about half a render's cost): only its ``messages`` change. What
+    a render could leave in a context, none of it can here: the loop is the template's only
+    statement, so nothing is set at its top level (``vars``, ``exported_vars``: checked after each
+    render all the same), and no block or inheritance is allowed in it; an ``{% autoescape %}``
+    reverts the evaluation context when it ends, and a render that fails drops the context."""
+
+    __slots__ = ("_compiled", "_context", "_parent", "_variables")
+
+    def __init__(self, compiled: _Compiled, variables: Mapping[str, Any]) -> None:
+        self._compiled = compiled
+        self._variables = variables
+        self._parent: dict[str, Any] = {}
+        self._context: Any = None
+
+    def __call__(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        ctx = self._context
+        if ctx is None:
+            c = self._compiled
+            self._parent = {**c._globals, **self._variables, "messages": ()}
+            ctx = c._context(c._env, self._parent, c._name, c._blocks, globals=c._globals)
+            self._context = ctx
+        parent = self._parent
+        parent["messages"] = messages
+        try:
+            text = "".join(self._compiled._root(ctx))
+        except TemplateError:
+            self._context = None
+            raise
+        except Exception as exc:  # the sandbox, an undefined variable, a type error in the template
+            self._context = None
+            raise TemplateError(f"the chat template failed: {exc}") from None
+        finally:
+            parent["messages"] = ()  # (not kept alive by the context)
+        if ctx.vars or ctx.exported_vars:
+            self._context = None
+        return text
 
 
 _RENDER_ARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})

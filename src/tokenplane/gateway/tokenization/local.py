@@ -25,7 +25,12 @@ from tokenizers import Tokenizer
 
 from tokenplane.gateway.errors import ConfigError
 from tokenplane.gateway.token_blocks import TokenBlocks
-from tokenplane.gateway.tokenization.chat_template import ChatTemplate, SplitTemplate, TemplateError
+from tokenplane.gateway.tokenization.chat_template import (
+    ChatTemplate,
+    MessagesLoop,
+    SplitTemplate,
+    TemplateError,
+)
 from tokenplane.gateway.tokenization.encoder import EncoderChoice, NotExact, _Pieces, load_encoder
 from tokenplane.gateway.tokenization.prefix_cache import (
     DEFAULT_CACHE_ENTRIES,
@@ -161,8 +166,9 @@ class LocalTokenizer:
         self.template = ChatTemplate.from_folder(path, config)
         self.added_ids = frozenset(self.tokenizer.get_added_tokens_decoder())
         self.cache = PrefixCache(cache_entries, cache_tokens)
-        # per rendering options (the root digest): the variables, head and tail of a split template
-        self._ends: dict[int, tuple[dict[str, Any], str, str]] = {}
+        # per rendering options (the root digest): a split template's loop (its variables bound),
+        # head and tail
+        self._ends: dict[int, tuple[MessagesLoop, str, str]] = {}
 
     # -- text prompts ----------------------------------------------------------------------------
     def text(self, prompt: str) -> list[int]:
@@ -255,12 +261,12 @@ class LocalTokenizer:
                     body.get("documents"),
                     kwargs if type(kwargs) is dict else None,
                 )
-                ends = (variables, split.head(variables), split.tail(variables))
+                ends = (split.loop(variables), split.head(variables), split.tail(variables))
                 if len(self._ends) >= _ENDS_MAX:
                     self._ends.clear()
                 self._ends[root] = ends
-            variables, head, tail = ends
-            text = (base.rest if base is not None else head) + split.messages(messages, variables)
+            loop, head, tail = ends
+            text = (base.rest if base is not None else head) + loop(messages)
         except TemplateError:
             return None
         done = self._extend(text + tail, base, len(text))
