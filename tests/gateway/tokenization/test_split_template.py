@@ -74,6 +74,25 @@ def test_templates_that_look_across_messages_are_rendered_whole(name: str) -> No
     assert ChatTemplate(NOT_SEPARABLE[name], SPECIAL).split is None
 
 
+KEY_ORDER = {
+    "items, attributes": ("{{ m.role }}{{ m['content'] }}{{ m.name is defined }}", False),
+    "tojson": ("{{ m | tojson }}", True),
+    "items()": ("{% for k, v in m.items() %}{{ k }}{% endfor %}", True),
+    "a missing item read as a dict attribute": ("{{ m['keys'] }}", True),
+    "get": ("{{ m.get('role') }}", True),
+    "in": ("{% if 'role' in m %}x{% endif %}", True),
+    "passed on": ("{% set x = m %}{{ x.role }}", True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KEY_ORDER))
+def test_a_loop_sees_key_order_unless_it_reads_only_items(name: str) -> None:
+    body, sees = KEY_ORDER[name]
+    split = ChatTemplate("{% for m in messages %}" + body + "{% endfor %}", SPECIAL).split
+    assert split is not None
+    assert split.key_order is sees
+
+
 texts = st.text(alphabet=st.sampled_from(list("ab cé\n\t<|>水")), max_size=30)
 roles = st.sampled_from(["system", "user", "assistant"])
 message_lists = st.lists(st.fixed_dictionaries({"role": roles, "content": texts}), max_size=8)

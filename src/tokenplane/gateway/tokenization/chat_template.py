@@ -151,12 +151,40 @@ def _separable_loop(tree: nodes.Template) -> int | None:
     return at
 
 
-class SplitTemplate:
-    """A separable template as three: head, the loop over ``messages``, tail."""
+def _sees_key_order(loop: nodes.For) -> bool:
+    """Whether the loop's body may see the order of a message's keys: it uses the message other
+    than by a constant item or attribute (``message['role']``, ``message.content``) that is not a
+    ``dict`` attribute (``message.items()``, a missing ``message['keys']`` that the sandbox then
+    reads as the attribute). Conservative: any other use of the name (a filter, a test, ``in``,
+    passing it on, assigning it) counts as seeing it."""
+    assert isinstance(loop.target, nodes.Name)
+    name = loop.target.name
+    body = nodes.Template(loop.body)
+    uses = sum(1 for n in body.find_all(nodes.Name) if n.name == name)
+    plain = 0
+    for n in body.find_all((nodes.Getitem, nodes.Getattr)):
+        if not (isinstance(n.node, nodes.Name) and n.node.name == name):
+            continue
+        if isinstance(n, nodes.Getattr):
+            key: Any = n.attr
+        else:
+            key = n.arg.value if isinstance(n.arg, nodes.Const) else None
+        if type(key) is str and not hasattr(dict, key):
+            plain += 1
+    return plain != uses
 
-    __slots__ = ("_head", "_loop", "_tail")
+
+class SplitTemplate:
+    """A separable template as three: head, the loop over ``messages``, tail. ``key_order``: the
+    loop may see the order of a message's keys (:func:`_sees_key_order`), so a message equal to
+    another as a dict but with its keys in another order may render differently."""
+
+    __slots__ = ("_head", "_loop", "_tail", "key_order")
 
     def __init__(self, env: jinja2.Environment, tree: nodes.Template, at: int) -> None:
+        loop = tree.body[at]
+        assert isinstance(loop, nodes.For)
+        self.key_order = _sees_key_order(loop)
         self._head = _Compiled(env.from_string(nodes.Template(tree.body[:at])))
         self._loop = _Compiled(env.from_string(nodes.Template([tree.body[at]])))
         self._tail = _Compiled(env.from_string(nodes.Template(tree.body[at + 1 :])))

@@ -90,15 +90,16 @@ def prefix_key(root: int, k: int, last: dict[str, Any]) -> int:
 _KEY_ENDS = 24
 
 
-def _same_messages(seen: SeenMessages | None, raw: list[Any], k: int) -> bool:
+def _same_messages(seen: SeenMessages | None, raw: list[Any], k: int, key_order: bool = True) -> bool:
     """Whether ``raw[:k]`` are ``seen``'s messages exactly as sent. All plain: dict equality (in C,
     a memcmp per string; a string equals only a string, and a JSON body's values are str, int,
-    float, bool, None, list or dict) and the keys' order; else message by message."""
+    float, bool, None, list or dict) and, where the template may see it (``key_order``), the keys'
+    order; else message by message."""
     if seen is None or len(seen.messages) != k:
         return False
     head = raw[:k]
     if seen.plain:
-        return head == seen.messages and tuple(chain.from_iterable(head)) == seen.order
+        return head == seen.messages and (not key_order or tuple(chain.from_iterable(head)) == seen.order)
     for a, b in zip(head, seen.messages, strict=True):
         if type(b) is bytes:
             if _encode_json(a) != b:
@@ -108,8 +109,9 @@ def _same_messages(seen: SeenMessages | None, raw: list[Any], k: int) -> bool:
     return True
 
 
-def _seen_after(base: SeenMessages | None, new: list[dict[str, Any]]) -> SeenMessages:
-    """``base``'s messages then ``new``'s (``base``'s strings shared, ``new``'s copied as kept)."""
+def _seen_after(base: SeenMessages | None, new: list[dict[str, Any]], key_order: bool = True) -> SeenMessages:
+    """``base``'s messages then ``new``'s (``base``'s strings shared, ``new``'s copied as kept);
+    their keys' order only where the template may see it (``key_order``)."""
     if base is None:
         kept: list[Any] = []
         plain, chars, order = True, 0, ()
@@ -126,7 +128,7 @@ def _seen_after(base: SeenMessages | None, new: list[dict[str, Any]]) -> SeenMes
         else:
             kept.append(m.copy())
             chars += sum(map(len, m.values()))
-    return SeenMessages(kept, order + tuple(chain.from_iterable(new)), plain, chars)
+    return SeenMessages(kept, order + tuple(chain.from_iterable(new)) if key_order else (), plain, chars)
 
 
 class LocalTokenizer:
@@ -236,12 +238,13 @@ class LocalTokenizer:
         """Render and tokenize only the messages after the longest cached prefix (``False``: the
         cached prefix did not fit, do it whole)."""
         cache = self.cache
+        key_order = split.key_order
         n = len(raw)
         key = prefix_key(root, n, raw[-1])
         k, base = n, None
         while k:
             entry = cache.get(key if k == n else prefix_key(root, k, raw[k - 1]))
-            if entry is not None and _same_messages(entry.seen, raw, k):
+            if entry is not None and _same_messages(entry.seen, raw, k, key_order):
                 base = entry
                 break
             k -= 1
@@ -274,7 +277,7 @@ class LocalTokenizer:
             return False
         blocks, new = done
         if new is not None:
-            new.seen = _seen_after(None if base is None else base.seen, raw[k:])
+            new.seen = _seen_after(None if base is None else base.seen, raw[k:], key_order)
             cache.put(key, new)
         return blocks
 
