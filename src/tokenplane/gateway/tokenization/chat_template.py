@@ -163,6 +163,7 @@ def _sees_key_order(loop: nodes.For) -> bool:
     uses = sum(1 for n in body.find_all(nodes.Name) if n.name == name)
     plain = 0
     for n in body.find_all((nodes.Getitem, nodes.Getattr)):
+        assert isinstance(n, (nodes.Getitem, nodes.Getattr))
         if not (isinstance(n.node, nodes.Name) and n.node.name == name):
             continue
         if isinstance(n, nodes.Getattr):
