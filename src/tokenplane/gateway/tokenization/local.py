@@ -25,13 +25,14 @@ from tokenizers import Tokenizer
 
 from tokenplane.gateway.errors import ConfigError
 from tokenplane.gateway.token_blocks import TokenBlocks
+from tokenplane.gateway.tokenization.added import Pieces
 from tokenplane.gateway.tokenization.chat_template import (
     ChatTemplate,
     MessagesLoop,
     SplitTemplate,
     TemplateError,
 )
-from tokenplane.gateway.tokenization.encoder import EncoderChoice, NotExact, _Pieces, load_encoder
+from tokenplane.gateway.tokenization.encoder import EncoderChoice, NotExact, load_encoder
 from tokenplane.gateway.tokenization.prefix_cache import (
     DEFAULT_CACHE_ENTRIES,
     DEFAULT_CACHE_TOKENS,
@@ -333,7 +334,7 @@ class LocalTokenizer:
             self.cache.misses += 1
         bound = limit + shift
         span: tuple[int, int] | None = None
-        if type(enc) is _Pieces:  # (tiktoken, fastokens: one search of the text)
+        if type(enc) is Pieces:  # (tiktoken, fastokens: one search of the text)
             found = enc.last_added(bound)
             cut = skip - 1 if found is None else found[0]
             if found is not None:
