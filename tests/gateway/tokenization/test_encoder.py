@@ -375,7 +375,7 @@ def test_cuts_only_where_they_are_exact(
 def test_added_tokens_found_from_the_end_of_long_texts(
     which: str, loaded: dict[str, LocalTokenizer], data: st.DataObject
 ) -> None:
-    """Texts longer than the tail :class:`_Pieces` searches first (the last added token, then
+    """Texts longer than the tail :class:`~.added.Pieces` searches first (the last added token, then
     earlier ones: the tail's matches, then the whole text's)."""
     tok = loaded[which]
     added = sorted(t.content for t in tok.tokenizer.get_added_tokens_decoder().values())

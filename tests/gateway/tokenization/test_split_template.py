@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tokenplane.gateway.kv_events import chain_keys
 from tokenplane.gateway.tokenization import LocalTokenizer
-from tokenplane.gateway.tokenization.chat_template import ChatTemplate
+from tokenplane.gateway.tokenization.chat_template import ChatTemplate, TemplateError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 from tiny_model import CHAT_TEMPLATE  # the ChatML template of the tiny tokenizer
@@ -74,6 +74,25 @@ def test_templates_that_look_across_messages_are_rendered_whole(name: str) -> No
     assert ChatTemplate(NOT_SEPARABLE[name], SPECIAL).split is None
 
 
+KEY_ORDER = {
+    "items, attributes": ("{{ m.role }}{{ m['content'] }}{{ m.name is defined }}", False),
+    "tojson": ("{{ m | tojson }}", True),
+    "items()": ("{% for k, v in m.items() %}{{ k }}{% endfor %}", True),
+    "a missing item read as a dict attribute": ("{{ m['keys'] }}", True),
+    "get": ("{{ m.get('role') }}", True),
+    "in": ("{% if 'role' in m %}x{% endif %}", True),
+    "passed on": ("{% set x = m %}{{ x.role }}", True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KEY_ORDER))
+def test_a_loop_sees_key_order_unless_it_reads_only_items(name: str) -> None:
+    body, sees = KEY_ORDER[name]
+    split = ChatTemplate("{% for m in messages %}" + body + "{% endfor %}", SPECIAL).split
+    assert split is not None
+    assert split.key_order is sees
+
+
 texts = st.text(alphabet=st.sampled_from(list("ab cé\n\t<|>水")), max_size=30)
 roles = st.sampled_from(["system", "user", "assistant"])
 message_lists = st.lists(st.fixed_dictionaries({"role": roles, "content": texts}), max_size=8)
@@ -104,6 +123,46 @@ def test_head_messages_tail_is_the_whole_rendering(
     )
     whole = template.render(messages, add_generation_prompt=agp, tools=tools, extra={"think": think})
     assert pieces == whole
+
+
+LOOP_STATE = {
+    **SEPARABLE,
+    "autoescape and a set block in the loop": (
+        "{% for m in messages %}{% autoescape true %}{% set c %}<{{ m.content }}>{% endset %}"
+        "{{ m.role }}{{ c }}{% endautoescape %}{{ m.content }}{% endfor %}"
+    ),
+    "an error mid-autoescape": (
+        "{% for m in messages %}{% autoescape true %}{{ m.content }}"
+        "{% if m.role == 'tool' %}{{ raise_exception('no tools') }}{% endif %}{% endautoescape %}"
+        "{{ m.content }}{% endfor %}"
+    ),
+}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    name=st.sampled_from(sorted(LOOP_STATE)), batches=st.lists(message_lists, max_size=6), think=st.booleans()
+)
+def test_a_bound_loop_renders_each_batch_as_a_fresh_render(
+    name: str, batches: list[list[dict[str, str]]], think: bool
+) -> None:
+    """The loop kept with its context (:class:`MessagesLoop`) renders each batch as the template
+    rendered afresh does, failures included, whatever it rendered before."""
+    template = ChatTemplate(LOOP_STATE[name], SPECIAL)
+    split = template.split
+    assert split is not None
+    variables = template.variables(True, None, None, {"think": think})
+    loop = split.loop(variables)
+    for batch in batches:
+        try:
+            expected: str | None = split.messages(batch, variables)
+        except TemplateError:
+            expected = None
+        try:
+            got: str | None = loop(batch)
+        except TemplateError:
+            got = None
+        assert got == expected
 
 
 def _folder(tokenizer_dir: Path, tmp: Path, template: str) -> Path:

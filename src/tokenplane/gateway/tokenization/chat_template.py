@@ -151,40 +151,127 @@ def _separable_loop(tree: nodes.Template) -> int | None:
     return at
 
 
-class SplitTemplate:
-    """A separable template as three: head, the loop over ``messages``, tail."""
+def _sees_key_order(loop: nodes.For) -> bool:
+    """Whether the loop's body may see the order of a message's keys: it uses the message other
+    than by a constant item or attribute (``message['role']``, ``message.content``) that is not a
+    ``dict`` attribute (``message.items()``, a missing ``message['keys']`` that the sandbox then
+    reads as the attribute). Conservative: any other use of the name (a filter, a test, ``in``,
+    passing it on, assigning it) counts as seeing it."""
+    assert isinstance(loop.target, nodes.Name)
+    name = loop.target.name
+    body = nodes.Template(loop.body)
+    uses = sum(1 for n in body.find_all(nodes.Name) if n.name == name)
+    plain = 0
+    for n in body.find_all((nodes.Getitem, nodes.Getattr)):
+        assert isinstance(n, (nodes.Getitem, nodes.Getattr))
+        if not (isinstance(n.node, nodes.Name) and n.node.name == name):
+            continue
+        if isinstance(n, nodes.Getattr):
+            key: Any = n.attr
+        else:
+            key = n.arg.value if isinstance(n.arg, nodes.Const) else None
+        if type(key) is str and not hasattr(dict, key):
+            plain += 1
+    return plain != uses
 
-    __slots__ = ("_globals", "_head", "_loop", "_tail")
+
+class SplitTemplate:
+    """A separable template as three: head, the loop over ``messages``, tail. ``key_order``: the
+    loop may see the order of a message's keys (:func:`_sees_key_order`), so a message equal to
+    another as a dict but with its keys in another order may render differently."""
+
+    __slots__ = ("_head", "_loop", "_tail", "key_order")
 
     def __init__(self, env: jinja2.Environment, tree: nodes.Template, at: int) -> None:
-        self._globals = dict(env.globals)
-        self._head = env.from_string(nodes.Template(tree.body[:at]))
-        self._loop = env.from_string(nodes.Template([tree.body[at]]))
-        self._tail = env.from_string(nodes.Template(tree.body[at + 1 :]))
+        loop = tree.body[at]
+        assert isinstance(loop, nodes.For)
+        self.key_order = _sees_key_order(loop)
+        self._head = _Compiled(env.from_string(nodes.Template(tree.body[:at])))
+        self._loop = _Compiled(env.from_string(nodes.Template([tree.body[at]])))
+        self._tail = _Compiled(env.from_string(nodes.Template(tree.body[at + 1 :])))
 
     def head(self, variables: Mapping[str, Any]) -> str:
-        return _call(self._head, self._globals, variables, ())
+        return self._head(variables, ())
 
     def messages(self, messages: Sequence[Mapping[str, Any]], variables: Mapping[str, Any]) -> str:
-        return _call(self._loop, self._globals, variables, messages)
+        return self._loop(variables, messages)
+
+    def loop(self, variables: Mapping[str, Any]) -> MessagesLoop:
+        """:meth:`messages` with ``variables`` bound, for many calls."""
+        return MessagesLoop(self._loop, variables)
 
     def tail(self, variables: Mapping[str, Any]) -> str:
-        return _call(self._tail, self._globals, variables, ())
+        return self._tail(variables, ())
 
 
-def _call(
-    template: jinja2.Template, env_globals: Mapping[str, Any], variables: Mapping[str, Any], messages: Any
-) -> str:
-    """``template.render(variables, messages=messages)``, less its cost per call: the context is
-    built from one dict (``render`` merges and scans the environment's globals, a ``ChainMap``,
-    twice per call)."""
-    context = {**env_globals, **variables, "messages": messages}
-    try:
-        return "".join(template.root_render_func(template.new_context(context, shared=True)))
-    except TemplateError:
-        raise
-    except Exception as exc:  # the sandbox, an undefined variable, a type error in the template
-        raise TemplateError(f"the chat template failed: {exc}") from None
+class _Compiled:
+    """A compiled template rendered as ``template.render(variables, messages=messages)``, less its
+    cost per call: the context is built from one dict (``render`` merges and scans the
+    environment's globals, a ``ChainMap``, twice per call), and the template's globals are read
+    once (``Template.new_context`` hands the ``ChainMap`` to ``Context``, which makes a set of its
+    keys each call: ~20 k instructions a request). The context is the one ``new_context(...,
+    shared=True)`` makes: the same parent dict, name, blocks and globals' keys."""
+
+    __slots__ = ("_blocks", "_context", "_env", "_globals", "_name", "_root")
+
+    def __init__(self, template: jinja2.Template) -> None:
+        self._root = template.root_render_func
+        self._env = template.environment
+        self._context = template.environment.context_class
+        self._name = template.name
+        self._blocks = template.blocks
+        self._globals = dict(template.globals)
+
+    def __call__(self, variables: Mapping[str, Any], messages: Any) -> str:
+        env_globals = self._globals
+        context = {**env_globals, **variables, "messages": messages}
+        try:
+            ctx = self._context(self._env, context, self._name, self._blocks, globals=env_globals)
+            return "".join(self._root(ctx))
+        except TemplateError:
+            raise
+        except Exception as exc:  # the sandbox, an undefined variable, a type error in the template
+            raise TemplateError(f"the chat template failed: {exc}") from None
+
+
+class MessagesLoop:
+    """A split template's loop with its variables bound, rendered in one Jinja context kept from
+    call to call (building one is about half a render's cost): only its ``messages`` change. What
+    a render could leave in a context, none of it can here: the loop is the template's only
+    statement, so nothing is set at its top level (``vars``, ``exported_vars``: checked after each
+    render all the same), and no block or inheritance is allowed in it; an ``{% autoescape %}``
+    reverts the evaluation context when it ends, and a render that fails drops the context."""
+
+    __slots__ = ("_compiled", "_context", "_parent", "_variables")
+
+    def __init__(self, compiled: _Compiled, variables: Mapping[str, Any]) -> None:
+        self._compiled = compiled
+        self._variables = variables
+        self._parent: dict[str, Any] = {}
+        self._context: Any = None
+
+    def __call__(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        ctx = self._context
+        if ctx is None:
+            c = self._compiled
+            self._parent = {**c._globals, **self._variables, "messages": ()}
+            ctx = c._context(c._env, self._parent, c._name, c._blocks, globals=c._globals)
+            self._context = ctx
+        parent = self._parent
+        parent["messages"] = messages
+        try:
+            text = "".join(self._compiled._root(ctx))
+        except TemplateError:
+            self._context = None
+            raise
+        except Exception as exc:  # the sandbox, an undefined variable, a type error in the template
+            self._context = None
+            raise TemplateError(f"the chat template failed: {exc}") from None
+        finally:
+            parent["messages"] = ()  # (not kept alive by the context)
+        if ctx.vars or ctx.exported_vars:
+            self._context = None
+        return text
 
 
 _RENDER_ARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
@@ -194,18 +281,17 @@ class ChatTemplate:
     """One compiled template and the special tokens it is rendered with; ``split`` where the
     template renders message by message (:class:`SplitTemplate`), else ``None``."""
 
-    __slots__ = ("_globals", "_template", "source", "special_tokens", "split")
+    __slots__ = ("_template", "source", "special_tokens", "split")
 
     def __init__(self, source: str, special_tokens: Mapping[str, str]) -> None:
         self.source = source
         self.special_tokens = dict(special_tokens)
         env = _environment()
         try:
-            self._template = env.from_string(source)
+            self._template = _Compiled(env.from_string(source))
             tree = env.parse(source)
         except jinja2.TemplateSyntaxError as exc:
             raise ConfigError(f"the chat template does not compile: {exc}") from None
-        self._globals = dict(env.globals)
         at = _separable_loop(tree)
         self.split = SplitTemplate(env, tree, at) if at is not None else None
 
@@ -240,7 +326,7 @@ class ChatTemplate:
         extra: Mapping[str, Any] | None = None,
     ) -> str:
         kwargs = self.variables(add_generation_prompt, tools, documents, extra)
-        text = _call(self._template, self._globals, kwargs, messages)
+        text = self._template(kwargs, messages)
         if continue_final_message and messages:
             final = messages[-1].get("content")
             if isinstance(final, str) and final.strip():

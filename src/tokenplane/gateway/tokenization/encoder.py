@@ -36,7 +36,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import re
 from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,11 +43,12 @@ from typing import Any, Literal, Protocol
 
 from tokenizers import Tokenizer
 
+from tokenplane.gateway.tokenization.added import AddedTokens as AddedTokens
 from tokenplane.gateway.tokenization.exactness import PROBE as PROBE
 from tokenplane.gateway.tokenization.exactness import NotExact as NotExact
 from tokenplane.gateway.tokenization.exactness import _byte_decoder, check_exact
+from tokenplane.gateway.tokenization.plain import GPT2_PATTERN as GPT2_PATTERN
 from tokenplane.gateway.tokenization.plain import (
-    _WS_CHARS,
     GapCuts,
     GapMarks,
     cut_flag,
@@ -58,7 +58,6 @@ from tokenplane.gateway.tokenization.plain import (
     may_have_wide_gap,
     plain_pattern,
 )
-from tokenplane.gateway.tokenization.plain import GPT2_PATTERN as GPT2_PATTERN
 
 log = logging.getLogger(__name__)
 assert array("i").itemsize == 4  # tiktoken's buffer is u32, read as int32 (ids < 2**31)
@@ -105,82 +104,6 @@ class HfEncoder:
     def encode_text(self, text: str) -> list[int]:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=True).ids
         return ids
-
-
-class _Pieces:
-    """tiktoken's ids; where an added token's text lies is found when asked (:meth:`token_to_chars`
-    is asked for one or two added tokens near the end, by the prefix cache)."""
-
-    __slots__ = ("_added_ids", "_spans", "_split", "_sync", "_text", "_whole", "ids")
-
-    def __init__(
-        self,
-        ids: Sequence[int],
-        text: str,
-        split: re.Pattern[str],
-        added_ids: frozenset[int],
-        sync: bool = False,
-    ) -> None:
-        self.ids = ids
-        self._text = text
-        self._split = split
-        self._added_ids = added_ids
-        self._sync = sync
-        self._spans: list[tuple[int, int]] | None = None
-        self._whole = False
-
-    def token_to_chars(self, token_index: int) -> tuple[int, int] | None:
-        added = self._added_ids
-        ids = self.ids
-        if ids[token_index] not in added:
-            return None
-        after = 0  # the k-th added id from the end is the k-th added token's match from the end
-        for i in range(token_index + 1, len(ids)):
-            if ids[i] in added:
-                after += 1
-        spans = self._spans
-        if spans is None or (len(spans) <= after and not self._whole):
-            spans = self._spans = self._find(after + 1)
-        return spans[len(spans) - 1 - after]
-
-    def _find(self, need: int) -> list[tuple[int, int]]:
-        """The added tokens' matches, in order: the last ``need`` at least (all where fewer). With
-        ``sync`` (no added token holds a white space) the search starts after a space some way
-        from the end (``_TAILS`` characters, the shorter first: the prefix cache asks for one or
-        two a few characters from the end), where the whole text's search passes no match: the
-        same matches from there, without searching the whole text (~25 k instructions a request)."""
-        text, split = self._text, self._split
-        if self._sync:
-            for tail in _TAILS:
-                start = len(text) - tail
-                if start <= 0:
-                    break
-                spans = [m.span() for m in split.finditer(text, text.rfind(" ", 0, start) + 1)]
-                if len(spans) >= need:
-                    return spans
-        self._whole = True
-        return [m.span() for m in split.finditer(text)]
-
-
-_TAILS = (64, 512)
-
-
-class AddedTokens:
-    """What :class:`_Pieces` needs to find a text's added tokens, built once per encoder: their
-    alternation, longest first (so the leftmost match is the longest, as ``tokenizers`` splits
-    them), their ids, and whether a search may start near the end of a text (``sync``: no added
-    token holds a white space)."""
-
-    __slots__ = ("ids", "split", "sync")
-
-    def __init__(self, added: Mapping[str, int]) -> None:
-        alternatives = sorted(added, key=len, reverse=True)
-        self.split = re.compile("|".join(map(re.escape, alternatives)) if alternatives else "(?!)")
-        self.ids = frozenset(added.values())
-        self.sync = not any(c.isspace() or c in _WS_CHARS for t in added for c in t)
-
-    def pieces(self, ids: Sequence[int], text: str) -> _Pieces:
-        return _Pieces(ids, text, self.split, self.ids, self.sync)
 
 
 class TiktokenEncoder:
@@ -312,7 +235,7 @@ def _added_tokens(spec: Mapping[str, Any]) -> dict[str, int]:
 
 def _ranks(model: Mapping[str, Any], added: Mapping[str, int]) -> dict[bytes, int]:
     """The vocabulary as tiktoken's mergeable ranks, less the added tokens: an added token's id
-    then comes out of tiktoken only where its text was split out (what :class:`_Pieces` counts
+    then comes out of tiktoken only where its text was split out (what :class:`~.added.Pieces` counts
     on), which is where ``tokenizers`` gives it too if no merge makes it (checked)."""
     if model.get("type") != "BPE":
         raise NotExact(f"model {model.get('type')}, not BPE")

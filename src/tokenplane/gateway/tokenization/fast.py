@@ -12,7 +12,7 @@ and the whole vocabulary decoded back to text, in chunks, through both libraries
 anywhere keeps the next encoder (tiktoken, else ``tokenizers``) with the reason.
 
 fastokens does not track character offsets, so where an added token lies (asked by the prefix
-cache for one or two near the end) is found as for tiktoken (:class:`~.encoder.AddedTokens`). A text
+cache for one or two near the end) is found as for tiktoken (:class:`~.added.AddedTokens`). A text
 it cannot take (a lone surrogate: not UTF-8) raises ``UnicodeEncodeError``, as ``tokenizers``
 raises ``TypeError`` there: the request is routed approximately (``stages/tokenize.py``).
 """
@@ -27,7 +27,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from tokenplane.gateway.tokenization.encoder import AddedTokens, Encoded
+from tokenplane.gateway.tokenization.added import AddedTokens
+from tokenplane.gateway.tokenization.encoder import Encoded
 from tokenplane.gateway.tokenization.exactness import NotExact, check_probe
 
 _VOCAB_CHUNK = 256  # vocabulary entries per checked text

@@ -25,7 +25,13 @@ from tokenizers import Tokenizer
 
 from tokenplane.gateway.errors import ConfigError
 from tokenplane.gateway.token_blocks import TokenBlocks
-from tokenplane.gateway.tokenization.chat_template import ChatTemplate, SplitTemplate, TemplateError
+from tokenplane.gateway.tokenization.added import Pieces
+from tokenplane.gateway.tokenization.chat_template import (
+    ChatTemplate,
+    MessagesLoop,
+    SplitTemplate,
+    TemplateError,
+)
 from tokenplane.gateway.tokenization.encoder import EncoderChoice, NotExact, load_encoder
 from tokenplane.gateway.tokenization.prefix_cache import (
     DEFAULT_CACHE_ENTRIES,
@@ -85,15 +91,16 @@ def prefix_key(root: int, k: int, last: dict[str, Any]) -> int:
 _KEY_ENDS = 24
 
 
-def _same_messages(seen: SeenMessages | None, raw: list[Any], k: int) -> bool:
+def _same_messages(seen: SeenMessages | None, raw: list[Any], k: int, key_order: bool = True) -> bool:
     """Whether ``raw[:k]`` are ``seen``'s messages exactly as sent. All plain: dict equality (in C,
     a memcmp per string; a string equals only a string, and a JSON body's values are str, int,
-    float, bool, None, list or dict) and the keys' order; else message by message."""
+    float, bool, None, list or dict) and, where the template may see it (``key_order``), the keys'
+    order; else message by message."""
     if seen is None or len(seen.messages) != k:
         return False
     head = raw[:k]
     if seen.plain:
-        return head == seen.messages and tuple(chain.from_iterable(head)) == seen.order
+        return head == seen.messages and (not key_order or tuple(chain.from_iterable(head)) == seen.order)
     for a, b in zip(head, seen.messages, strict=True):
         if type(b) is bytes:
             if _encode_json(a) != b:
@@ -103,8 +110,9 @@ def _same_messages(seen: SeenMessages | None, raw: list[Any], k: int) -> bool:
     return True
 
 
-def _seen_after(base: SeenMessages | None, new: list[dict[str, Any]]) -> SeenMessages:
-    """``base``'s messages then ``new``'s (``base``'s strings shared, ``new``'s copied as kept)."""
+def _seen_after(base: SeenMessages | None, new: list[dict[str, Any]], key_order: bool = True) -> SeenMessages:
+    """``base``'s messages then ``new``'s (``base``'s strings shared, ``new``'s copied as kept);
+    their keys' order only where the template may see it (``key_order``)."""
     if base is None:
         kept: list[Any] = []
         plain, chars, order = True, 0, ()
@@ -120,8 +128,8 @@ def _seen_after(base: SeenMessages | None, new: list[dict[str, Any]]) -> SeenMes
                 break
         else:
             kept.append(m.copy())
-            chars += len("".join(m.values()))
-    return SeenMessages(kept, order + tuple(chain.from_iterable(new)), plain, chars)
+            chars += sum(map(len, m.values()))
+    return SeenMessages(kept, order + tuple(chain.from_iterable(new)) if key_order else (), plain, chars)
 
 
 class LocalTokenizer:
@@ -161,8 +169,9 @@ class LocalTokenizer:
         self.template = ChatTemplate.from_folder(path, config)
         self.added_ids = frozenset(self.tokenizer.get_added_tokens_decoder())
         self.cache = PrefixCache(cache_entries, cache_tokens)
-        # per rendering options (the root digest): the variables, head and tail of a split template
-        self._ends: dict[int, tuple[dict[str, Any], str, str]] = {}
+        # per rendering options (the root digest): a split template's loop (its variables bound),
+        # head and tail
+        self._ends: dict[int, tuple[MessagesLoop, str, str]] = {}
 
     # -- text prompts ----------------------------------------------------------------------------
     def text(self, prompt: str) -> list[int]:
@@ -230,12 +239,13 @@ class LocalTokenizer:
         """Render and tokenize only the messages after the longest cached prefix (``False``: the
         cached prefix did not fit, do it whole)."""
         cache = self.cache
+        key_order = split.key_order
         n = len(raw)
         key = prefix_key(root, n, raw[-1])
         k, base = n, None
         while k:
             entry = cache.get(key if k == n else prefix_key(root, k, raw[k - 1]))
-            if entry is not None and _same_messages(entry.seen, raw, k):
+            if entry is not None and _same_messages(entry.seen, raw, k, key_order):
                 base = entry
                 break
             k -= 1
@@ -255,12 +265,12 @@ class LocalTokenizer:
                     body.get("documents"),
                     kwargs if type(kwargs) is dict else None,
                 )
-                ends = (variables, split.head(variables), split.tail(variables))
+                ends = (split.loop(variables), split.head(variables), split.tail(variables))
                 if len(self._ends) >= _ENDS_MAX:
                     self._ends.clear()
                 self._ends[root] = ends
-            variables, head, tail = ends
-            text = (base.rest if base is not None else head) + split.messages(messages, variables)
+            loop, head, tail = ends
+            text = (base.rest if base is not None else head) + loop(messages)
         except TemplateError:
             return None
         done = self._extend(text + tail, base, len(text))
@@ -268,7 +278,7 @@ class LocalTokenizer:
             return False
         blocks, new = done
         if new is not None:
-            new.seen = _seen_after(None if base is None else base.seen, raw[k:])
+            new.seen = _seen_after(None if base is None else base.seen, raw[k:], key_order)
             cache.put(key, new)
         return blocks
 
@@ -322,16 +332,22 @@ class LocalTokenizer:
             enc = self._encode(whole)
             new = enc.ids
             self.cache.misses += 1
-        added = self.added_ids
         bound = limit + shift
-        cut = len(new) - 1
         span: tuple[int, int] | None = None
-        while cut >= skip:
-            if new[cut] in added:
-                span = enc.token_to_chars(cut)  # one token's offsets (not the whole list)
-                if span is not None and span[1] <= bound:
-                    break
-            cut -= 1
+        if type(enc) is Pieces:  # (tiktoken, fastokens: one search of the text)
+            found = enc.last_added(bound)
+            cut = skip - 1 if found is None else found[0]
+            if found is not None:
+                span = found[1], found[2]
+        else:
+            added = self.added_ids
+            cut = len(new) - 1
+            while cut >= skip:
+                if new[cut] in added:
+                    span = enc.token_to_chars(cut)  # one token's offsets (not the whole list)
+                    if span is not None and span[1] <= bound:
+                        break
+                cut -= 1
         # (tiktoken's ids come as an ``array('i')``: joined by memcpy, no Python int per id)
         if base is not None:
             out = array("i", base.ids)
