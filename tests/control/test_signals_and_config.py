@@ -35,6 +35,20 @@ def test_cumulative_buckets_interpolate_complete_buckets() -> None:
     assert b.buckets() == ()
 
 
+def test_pool_stats_prompt_tokens_per_s_over_the_last_minute_of_complete_buckets() -> None:
+    s = PoolStats(bucket_s=10.0, history_buckets=60)
+    assert s.prompt_tokens_per_s(5.0) is None
+    s.arrival(5.0)  # a request that did not say its size
+    assert s.prompt_tokens_per_s(15.0) is None
+    for t in range(0, 100):  # 100 tokens every second from 0 to 99 s
+        s.arrival(float(t), 100)
+    assert s.prompt_tokens_per_s(15.0) == pytest.approx(100.0)  # bucket [0, 10) only
+    assert s.prompt_tokens_per_s(95.0) == pytest.approx(100.0)  # [30, 90)
+    s.arrival(100.0, 60_000)  # a burst in [100, 110)
+    assert s.prompt_tokens_per_s(109.0) == pytest.approx(100.0)  # the burst's bucket is not complete
+    assert s.prompt_tokens_per_s(110.0) == pytest.approx((5 * 1000 + 60_000) / 60)
+
+
 def test_pool_stats_buckets_and_attainment() -> None:
     s = PoolStats(bucket_s=1.0, history_buckets=10, slo_window_s=10.0, ttft_slo_s=0.5)
     for k in range(30):
@@ -65,6 +79,7 @@ def test_gateway_signal_source_reads_instances_and_metrics() -> None:
     depth = Gauge("tokenplane_queue_depth", "", ["model"], registry=reg)
     inflight = Gauge("tokenplane_admitted_in_flight", "", ["model"], registry=reg)
     ttft = Histogram("tokenplane_ttft_seconds", "", ["model"], buckets=(0.1, 0.5, 1.0, 5.0), registry=reg)
+    prompt = Counter("tokenplane_prompt_tokens", "", ["model"], registry=reg)
     instances: list[dict[str, Any]] = [
         {
             "instance_id": "a",
@@ -99,9 +114,12 @@ def test_gateway_signal_source_reads_instances_and_metrics() -> None:
             assert [v.instance_id for v in first.instances] == ["a"]
             assert first.instances[0].running == 3 and first.instances[0].outstanding_requests == 4
             assert first.arrivals == () and first.ttft_attainment is None
+            assert first.prompt_tokens_per_s is None
             # 200 requests end OK in 20 s, 5 are queued and 5 in flight at the end: 210 arrivals.
             requests.labels("m", "t", "ok", "prefix_match").inc(200)
             requests.labels("other", "t", "ok", "x").inc(999)
+            prompt.labels("m").inc(20 * 500)
+            prompt.labels("other").inc(7)
             depth.labels("m").set(5)
             inflight.labels("m").set(5)
             for v in [0.05] * 90 + [0.7] * 10:
@@ -112,6 +130,7 @@ def test_gateway_signal_source_reads_instances_and_metrics() -> None:
             assert second.throughput_rps == pytest.approx(10.0)
             assert second.ttft_attainment == pytest.approx(0.9)
             assert second.ttft_p90_s == 0.1
+            assert second.prompt_tokens_per_s == pytest.approx(500.0)
         finally:
             await src.close()
             await runner.cleanup()

@@ -94,3 +94,15 @@ async def test_health_and_metrics_endpoints(upstreams, gateway, names) -> None:
     assert 'tokenplane_requests_total{model="llama-3-8b",outcome="ok"' in text
     assert "tokenplane_request_duration_seconds_bucket" in text
     assert 'tokenplane_instance_in_flight_requests{instance="up-0",model="llama-3-8b"} 0.0' in text
+
+
+async def test_metrics_count_the_prompt_tokens_of_ended_requests(upstreams, gateway, names) -> None:
+    """``tokenplane_prompt_tokens_total`` (what the out-of-process control loop reads as the pool's
+    prompt-token demand): token-id prompts count exactly, per model."""
+    ups = await upstreams(1)
+    gw = await gateway(ups)
+    client = gw.client()
+    await client.completions.create(model=names.MODEL, prompt=[1, 2, 3, 4, 5, 6, 7], max_tokens=2)
+    await client.completions.create(model=names.MODEL, prompt=[9] * 11, max_tokens=2)
+    text = await gw.get("/metrics", key=None)
+    assert 'tokenplane_prompt_tokens_total{model="llama-3-8b"} 18.0' in text

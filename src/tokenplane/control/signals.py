@@ -35,7 +35,7 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokenplane.core.autoscale import RateSample
-from tokenplane.core.autoscale.signals import PoolMeasures
+from tokenplane.core.autoscale.signals import PROMPT_TOKENS_WINDOW_S, PoolMeasures, prompt_tokens_rate
 from tokenplane.core.views import InstanceView
 
 DEFAULT_BUCKET_S = 10.0
@@ -63,8 +63,8 @@ def _p90(values: list[float]) -> float:
 class PoolStats:
     """Rolling arrival buckets, throughput and SLO attainment, fed by the gateway's request path.
 
-    ``arrival(now)`` per admitted-or-not request; ``first_token(now, ttft_s)`` per stream's first
-    token; ``finished(now, ok=..., output_tokens=..., tpot_s=...)`` per request end. Memory is
+    ``arrival(now, prompt_tokens)`` per admitted-or-not request; ``first_token(now, ttft_s)`` per
+    stream's first token; ``finished(now, ok=..., output_tokens=..., tpot_s=...)`` per request end. Memory is
     bounded by ``history_buckets`` and the events of one ``slo_window_s``.
     """
 
@@ -83,18 +83,21 @@ class PoolStats:
         self.ttft_slo_s = ttft_slo_s
         self.tbt_slo_s = tbt_slo_s
         self._counts: dict[int, int] = {}
+        self._tokens: dict[int, int] = {}  # prompt tokens arrived per bucket
         self._first_bucket: int | None = None
         self._ttft: deque[tuple[float, float]] = deque()
         self._done: deque[tuple[float, bool, int, float | None]] = deque()
         self._since: float | None = None
 
-    def arrival(self, now: float) -> None:
+    def arrival(self, now: float, prompt_tokens: int = 0) -> None:
         if self._since is None:
             self._since = now
         k = int(now // self.bucket_s)
         if self._first_bucket is None:
             self._first_bucket = k
         self._counts[k] = self._counts.get(k, 0) + 1
+        if prompt_tokens:
+            self._tokens[k] = self._tokens.get(k, 0) + prompt_tokens
 
     def first_token(self, now: float, ttft_s: float) -> None:
         self._ttft.append((now, ttft_s))
@@ -113,7 +116,15 @@ class PoolStats:
         first = max(start, current - self.history_buckets)
         for k in [k for k in self._counts if k < first]:
             del self._counts[k]
+            self._tokens.pop(k, None)
         return tuple((k * width, self._counts.get(k, 0) / width) for k in range(first, current))
+
+    def prompt_tokens_per_s(self, now: float) -> float | None:
+        """Prompt tokens per second arrived over the last minute of complete buckets (as the twin
+        measures them); ``None`` before a bucket is complete or when no request said its size."""
+        if self._first_bucket is None or not self._tokens:
+            return None
+        return prompt_tokens_rate(self._tokens, now, self.bucket_s, self._first_bucket)
 
     def window(self, now: float) -> dict[str, float | None]:
         horizon = now - self.slo_window_s
@@ -167,6 +178,7 @@ class InProcessSignalSource:
             instances=tuple(self._views()),
             queued=self._queued(),
             arrivals=self.stats.arrivals(now) if self.stats is not None else (),
+            prompt_tokens_per_s=self.stats.prompt_tokens_per_s(now) if self.stats is not None else None,
             throughput_rps=w.get("throughput_rps"),
             throughput_tps=w.get("throughput_tps"),
             ttft_attainment=w.get("ttft_attainment"),
@@ -249,6 +261,7 @@ class GatewaySignalSource:
         self.headers = dict(headers or {})
         self._arrivals = CumulativeBuckets(bucket_s, history_buckets)
         self._ok: deque[tuple[float, float]] = deque()
+        self._prompt: deque[tuple[float, float]] = deque()
         self._ttft: deque[tuple[float, dict[float, float]]] = deque()
         self._session: aiohttp.ClientSession | None = None
 
@@ -290,14 +303,28 @@ class GatewaySignalSource:
                 le = float(s.labels["le"])
                 hist[le] = hist.get(le, 0.0) + float(s.value)
         throughput, att, p90 = self._window(now, ok, hist)
+        prompt = _label_sum(fams, "tokenplane_prompt_tokens_total", model=m)
         return SignalSample(
             instances=views,
             queued=int(queued),
             arrivals=self._arrivals.buckets(),
+            prompt_tokens_per_s=self._prompt_rate(now, prompt),
             throughput_rps=throughput,
             ttft_attainment=att,
             ttft_p90_s=p90,
         )
+
+    def _prompt_rate(self, now: float, total: float) -> float | None:
+        """Prompt tokens per second over the last minute of readings of the cumulative counter
+        (counted as requests end, so this lags arrivals by their duration; a reset starts over)."""
+        prompt = self._prompt
+        if prompt and total < prompt[-1][1]:
+            prompt.clear()
+        prompt.append((now, total))
+        while len(prompt) > 2 and prompt[1][0] <= now - PROMPT_TOKENS_WINDOW_S:
+            prompt.popleft()
+        t0, v0 = prompt[0]
+        return (total - v0) / (now - t0) if now > t0 else None
 
     def _window(
         self, now: float, ok: float, hist: dict[float, float]

@@ -49,11 +49,11 @@ class StatsListener:
         self._model = model
         self.stats = stats
 
-    def request_done(self, model: str, outcome: str, duration_s: float) -> None:
+    def request_done(self, model: str, outcome: str, duration_s: float, prompt_tokens: int) -> None:
         if model != self._model:
             return
         now = time.monotonic()
-        self.stats.arrival(now - duration_s)
+        self.stats.arrival(now - duration_s, prompt_tokens)
         self.stats.finished(now, ok=outcome == "ok")
 
     def first_token(self, model: str, ttft_s: float) -> None:

@@ -84,7 +84,7 @@ class _InstanceCollector(Collector):
 
 
 class RequestListener(Protocol):
-    def request_done(self, model: str, outcome: str, duration_s: float) -> None: ...
+    def request_done(self, model: str, outcome: str, duration_s: float, prompt_tokens: int) -> None: ...
 
     def first_token(self, model: str, ttft_s: float) -> None: ...
 
@@ -105,6 +105,13 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._prompt_tokens = LeanCounter(
+            "tokenplane_prompt_tokens",
+            "Prompt tokens of the requests that ended, by model (the model's tokenizer's count where one "
+            "is configured, else the gateway's estimate)",
+            ["model"],
+            registry=self.registry,
+        )
         self._duration = LeanHistogram(
             "tokenplane_request_duration_seconds",
             "Arrival to the last byte sent",
@@ -118,11 +125,20 @@ class GatewayMetrics:
         self.listeners: list[RequestListener] = []
 
     def request_done(
-        self, model: str, tenant: str, outcome: str, reason: str, duration_s: float, stream: bool
+        self,
+        model: str,
+        tenant: str,
+        outcome: str,
+        reason: str,
+        duration_s: float,
+        stream: bool,
+        prompt_tokens: int = 0,
     ) -> None:
         self._requests.labels(model, tenant, outcome, reason).inc()
+        if prompt_tokens:
+            self._prompt_tokens.labels(model).inc(prompt_tokens)
         for listener in self.listeners:
-            listener.request_done(model, outcome, duration_s)
+            listener.request_done(model, outcome, duration_s, prompt_tokens)
         if outcome == "ok":
             self._duration.labels(model, "true" if stream else "false").observe(duration_s)
 

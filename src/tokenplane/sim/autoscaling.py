@@ -61,6 +61,7 @@ from tokenplane.core.autoscale import (
     ScaleDecision,
     TokenplaneScaler,
 )
+from tokenplane.core.autoscale.signals import prompt_tokens_rate
 from tokenplane.core.views import InstanceView
 from tokenplane.sim.autoscaling_setup import build_scaler_and_pool as build_scaler_and_pool
 from tokenplane.sim.autoscaling_setup import group_price as group_price
@@ -226,15 +227,9 @@ class AutoscalingShell:
         return tuple((k * width, counts.get(k, 0) / width) for k in range(first, current))
 
     def _prompt_tps(self, now: float) -> float | None:
-        """Prompt tokens per second arrived over the last minute of complete buckets (the demand
-        in tokens: a prefill-bound pool's load, whatever the request count does)."""
-        width = self.cfg.arrival_bucket_s
-        current = int(now // width)
-        k = max(1, round(60.0 / width))
-        if current < 1:
-            return None
-        first = max(0, current - k)
-        return sum(self._bucket_tokens.get(b, 0) for b in range(first, current)) / ((current - first) * width)
+        """Prompt tokens per second arrived (the demand in tokens: a prefill-bound pool's load,
+        whatever the request count does)."""
+        return prompt_tokens_rate(self._bucket_tokens, now, self.cfg.arrival_bucket_s)
 
     def _ttft(self, now: float) -> tuple[float | None, float | None]:
         slo = self.ttft_slo

@@ -5,12 +5,14 @@ the measured terms (SLO) still bring capacity back."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenplane.core.autoscale import PoolSignal, PoolSpec, ScaleReason, TokenplaneParams, TokenplaneScaler
 from tokenplane.core.autoscale.budget import SizeRecord, SloBudget, affordable_size, load, observe_budget
 from tokenplane.core.autoscale.scaler_state import ScalerState
+from tokenplane.core.autoscale.signals import prompt_tokens_rate
 from tokenplane.core.views import InstanceView
 
 SPEC = PoolSpec(max_instances=24, capacity_rps=2.0, cold_start_s=60.0, warm_activation_s=5.0, ttft_slo_s=5.0)
@@ -134,3 +136,22 @@ def test_a_banked_margin_pays_for_one_instance_fewer_and_a_failing_window_brings
     failing = msgspec.structs.replace(at_seven, ttft_attainment=0.8, queued=20)
     decision = scaler_with(rich7).decide(failing, SPEC, now=1000.0)
     assert decision.target_serving > 7 and decision.reason is ScaleReason.SLO_AT_RISK
+
+
+@given(
+    tokens=st.dictionaries(st.integers(0, 40), st.integers(0, 10_000), max_size=30),
+    now=st.floats(0.0, 500.0),
+    width=st.sampled_from([1.0, 5.0, 10.0, 15.0]),
+)
+def test_prompt_tokens_rate_is_the_mean_of_the_last_minutes_complete_buckets(
+    tokens: dict[int, int], now: float, width: float
+) -> None:
+    """Both shells measure ``prompt_tokens_per_s`` with this one function: the tokens of complete
+    buckets within the last minute over their span; ``None`` before a bucket is complete."""
+    rate = prompt_tokens_rate(tokens, now, width)
+    current = int(now // width)
+    if current == 0:
+        assert rate is None
+        return
+    span = [b for b in range(current) if (current - b) * width <= 60.0 or b == current - 1]
+    assert rate == pytest.approx(sum(tokens.get(b, 0) for b in span) / (len(span) * width))

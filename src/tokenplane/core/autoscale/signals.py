@@ -23,6 +23,7 @@ warm, warming, draining) counts against ``max_instances`` and costs ``cost_per_i
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -34,6 +35,22 @@ DEFAULT_WARM_ACTIVATION_S = 5.0
 
 RateSample = tuple[float, float]
 """``(bucket_start_s, requests_per_second)`` for one complete arrival bucket."""
+
+PROMPT_TOKENS_WINDOW_S = 60.0
+"""The window of :attr:`PoolMeasures.prompt_tokens_per_s`, the same in every shell."""
+
+
+def prompt_tokens_rate(
+    bucket_tokens: Mapping[int, int], now: float, bucket_s: float, first_bucket: int = 0
+) -> float | None:
+    """Prompt tokens per second arrived over the last :data:`PROMPT_TOKENS_WINDOW_S` of complete
+    buckets (bucket ``k`` covers ``[k * bucket_s, (k + 1) * bucket_s)``), counting from
+    ``first_bucket`` (the shell's first); ``None`` before one bucket is complete."""
+    current = int(now // bucket_s)  # the bucket in progress is not complete
+    first = max(first_bucket, current - max(1, round(PROMPT_TOKENS_WINDOW_S / bucket_s)))
+    if current <= first:
+        return None
+    return sum(bucket_tokens.get(b, 0) for b in range(first, current)) / ((current - first) * bucket_s)
 
 
 class PoolSpec(msgspec.Struct, frozen=True):

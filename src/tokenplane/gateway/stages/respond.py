@@ -39,7 +39,16 @@ class Respond:
         if ctx.ttft_s is not None:
             metrics.first_token(ctx.model, ctx.ttft_s)
         elapsed = self.clock() - ctx.arrival
-        metrics.request_done(ctx.model, ctx.tenant, ctx.outcome, ctx.reason, elapsed, ctx.stream)
+        parsed = ctx.parsed
+        metrics.request_done(
+            ctx.model,
+            ctx.tenant,
+            ctx.outcome,
+            ctx.reason,
+            elapsed,
+            ctx.stream,
+            0 if parsed is None else parsed.prompt_tokens,
+        )
         if ctx.outcome == OUTCOME_OK:
             self.path_metrics.request(ctx.model, ctx.tenant, elapsed)
         if ctx.ledger is not None:
