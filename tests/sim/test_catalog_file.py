@@ -209,9 +209,10 @@ RTXPRO6000_DATASHEET = (  # 96 GB GDDR7, 1597 GB/s (the run's config.json), ~504
 RTX4090_DATASHEET = (  # 24 GB GDDR6X, 1008 GB/s, 165.2 dense BF16 TFLOPS (Ada whitepaper)
     "  rtx4090:\n    replace: true\n    hbm_gib: 24\n    hbm_bw_gbps: 1008\n    bf16_tflops: 165.2\n"
     "    price_per_hour: 0.69\n    interconnect: pcie\n    interconnect_gbps: 64\n"
-    # The documented means (0.80 / 0.70) are H100/A100 fits; this consumer GPU reaches more of its
-    # datasheet (the engine-level fit on this very run, catalog.py): without them TPOT is +20 %.
-    "    mem_efficiency: 0.95\n    compute_efficiency: 0.85\n"
+    # No efficiencies: the priors of its memory type and of its published matmul figure
+    # (sim/memory_tech.py, sim/matmul_prior.py) stand in for the H100/A100 means, which undersell
+    # this consumer GPU (TPOT +20 % with them).
+    "    memory_type: gddr6x\n    matmul_tflops: 167.21\n"
 )
 
 
