@@ -230,6 +230,18 @@ class CumulativeBuckets:
         return tuple((k * w, (self._at((k + 1) * w) - self._at(k * w)) / w) for k in range(first, last))
 
 
+def _counter_rate(
+    readings: deque[tuple[float, float]], now: float, total: float, window_s: float
+) -> float | None:
+    """Per second of a cumulative counter read as ``total`` at ``now``, from its oldest reading
+    within ``window_s`` (``readings`` keeps them; ``None`` with one reading or a counter gone back)."""
+    readings.append((now, total))
+    while len(readings) > 2 and readings[1][0] <= now - window_s:
+        readings.popleft()
+    t0, v0 = readings[0]
+    return (total - v0) / (now - t0) if now > t0 and total >= v0 else None
+
+
 def _label_sum(families: Mapping[str, list[Any]], name: str, **match: str) -> float:
     total = 0.0
     for s in families.get(name, ()):
@@ -317,27 +329,18 @@ class GatewaySignalSource:
     def _prompt_rate(self, now: float, total: float) -> float | None:
         """Prompt tokens per second over the last minute of readings of the cumulative counter
         (counted as requests end, so this lags arrivals by their duration; a reset starts over)."""
-        prompt = self._prompt
-        if prompt and total < prompt[-1][1]:
-            prompt.clear()
-        prompt.append((now, total))
-        while len(prompt) > 2 and prompt[1][0] <= now - PROMPT_TOKENS_WINDOW_S:
-            prompt.popleft()
-        t0, v0 = prompt[0]
-        return (total - v0) / (now - t0) if now > t0 else None
+        if self._prompt and total < self._prompt[-1][1]:
+            self._prompt.clear()
+        return _counter_rate(self._prompt, now, total, PROMPT_TOKENS_WINDOW_S)
 
     def _window(
         self, now: float, ok: float, hist: dict[float, float]
     ) -> tuple[float | None, float | None, float | None]:
-        self._ok.append((now, ok))
+        throughput = _counter_rate(self._ok, now, ok, self.slo_window_s)
         self._ttft.append((now, hist))
         horizon = now - self.slo_window_s
-        while len(self._ok) > 2 and self._ok[1][0] <= horizon:
-            self._ok.popleft()
         while len(self._ttft) > 2 and self._ttft[1][0] <= horizon:
             self._ttft.popleft()
-        t0, ok0 = self._ok[0]
-        throughput = (ok - ok0) / (now - t0) if now > t0 and ok >= ok0 else None
         old = self._ttft[0][1]
         diff = {le: c - old.get(le, 0.0) for le, c in hist.items()}
         total = diff.get(math.inf, 0.0)
