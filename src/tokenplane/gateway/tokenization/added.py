@@ -8,7 +8,7 @@ added id from the end is the k-th match from the end."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from tokenplane.gateway.tokenization.plain import _WS_CHARS
 
@@ -55,19 +55,13 @@ class Pieces:
         last added id whose span so ends, found with one search of the text (from after a space
         some way before ``bound`` where ``sync``, as :meth:`_find`) and one walk back over the
         ids: the k-th match from the end is the k-th added id from the end."""
-        text, split = self._text, self._split
         spans: list[tuple[int, int]] | None = None
-        if self._sync:
-            for tail in _TAILS:
-                start = bound - tail
-                if start <= 0:
-                    break
-                found = [m.span() for m in split.finditer(text, text.rfind(" ", 0, start) + 1)]
-                if found and found[0][1] <= bound:
-                    spans = found
-                    break
+        for found in self._near(bound):
+            if found and found[0][1] <= bound:
+                spans = found
+                break
         if spans is None:
-            spans = [m.span() for m in split.finditer(text)]
+            spans = [m.span() for m in self._split.finditer(self._text)]
         at = len(spans) - 1
         while at >= 0 and spans[at][1] > bound:
             at -= 1
@@ -91,17 +85,23 @@ class Pieces:
         from the end (``_TAILS`` characters, the shorter first: the prefix cache asks for one or
         two a few characters from the end), where the whole text's search passes no match: the
         same matches from there, without searching the whole text (~25 k instructions a request)."""
-        text, split = self._text, self._split
-        if self._sync:
-            for tail in _TAILS:
-                start = len(text) - tail
-                if start <= 0:
-                    break
-                spans = [m.span() for m in split.finditer(text, text.rfind(" ", 0, start) + 1)]
-                if len(spans) >= need:
-                    return spans
+        for spans in self._near(len(self._text)):
+            if len(spans) >= need:
+                return spans
         self._whole = True
-        return [m.span() for m in split.finditer(text)]
+        return [m.span() for m in self._split.finditer(self._text)]
+
+    def _near(self, end: int) -> Iterator[list[tuple[int, int]]]:
+        """With ``sync``, the matches from after a space ``_TAILS`` characters before ``end`` (the
+        shorter first), while such a start lies within the text; nothing without ``sync``."""
+        if not self._sync:
+            return
+        text, split = self._text, self._split
+        for tail in _TAILS:
+            start = end - tail
+            if start <= 0:
+                return
+            yield [m.span() for m in split.finditer(text, text.rfind(" ", 0, start) + 1)]
 
 
 _TAILS = (64, 512)
