@@ -223,15 +223,24 @@ class _Compiled:
         self._globals = dict(template.globals)
 
     def __call__(self, variables: Mapping[str, Any], messages: Any) -> str:
-        env_globals = self._globals
-        context = {**env_globals, **variables, "messages": messages}
+        return self.run(self.context({**self._globals, **variables, "messages": messages}))
+
+    def context(self, parent: dict[str, Any]) -> Any:
+        """A render context over ``parent`` (the globals, variables and ``messages``)."""
+        return self._context(self._env, parent, self._name, self._blocks, globals=self._globals)
+
+    def run(self, ctx: Any) -> str:
+        """The template rendered in ``ctx``; any failure is a :class:`TemplateError`."""
         try:
-            ctx = self._context(self._env, context, self._name, self._blocks, globals=env_globals)
             return "".join(self._root(ctx))
         except TemplateError:
             raise
         except Exception as exc:  # the sandbox, an undefined variable, a type error in the template
             raise TemplateError(f"the chat template failed: {exc}") from None
+
+    def parent(self, variables: Mapping[str, Any]) -> dict[str, Any]:
+        """The globals and ``variables``, with no messages yet (:class:`MessagesLoop`)."""
+        return {**self._globals, **variables, "messages": ()}
 
 
 class MessagesLoop:
@@ -253,20 +262,15 @@ class MessagesLoop:
     def __call__(self, messages: Sequence[Mapping[str, Any]]) -> str:
         ctx = self._context
         if ctx is None:
-            c = self._compiled
-            self._parent = {**c._globals, **self._variables, "messages": ()}
-            ctx = c._context(c._env, self._parent, c._name, c._blocks, globals=c._globals)
-            self._context = ctx
+            self._parent = self._compiled.parent(self._variables)
+            ctx = self._context = self._compiled.context(self._parent)
         parent = self._parent
         parent["messages"] = messages
         try:
-            text = "".join(self._compiled._root(ctx))
+            text = self._compiled.run(ctx)
         except TemplateError:
             self._context = None
             raise
-        except Exception as exc:  # the sandbox, an undefined variable, a type error in the template
-            self._context = None
-            raise TemplateError(f"the chat template failed: {exc}") from None
         finally:
             parent["messages"] = ()  # (not kept alive by the context)
         if ctx.vars or ctx.exported_vars:
