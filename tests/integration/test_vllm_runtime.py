@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
 from patience import Patience
@@ -224,28 +225,79 @@ def test_continue_final_message(vllm_endpoints: list[VllmEndpoint]) -> None:
     assert closed.usage is not None and closed.usage.prompt_tokens > usage.prompt_tokens
 
 
-def test_sigkill_mid_stream_breaks_the_client_stream(
-    vllm_instances: list[VllmProcess], vllm_endpoints: list[VllmEndpoint]
-) -> None:
-    """A crashed instance ends the stream with an error, not a clean finish; the other one serves on.
-    (The autouse fixture restarts the killed instance before the next test that needs it.)"""
-    victim, other = vllm_instances[1], vllm_endpoints[0]
-    stream = client(vllm_endpoints[1]).chat.completions.create(
+SILENCE_S = 2.0  # no chunk this long from a frozen instance: what it had written has been read out
+TRIES = 6
+
+
+class _Seen(NamedTuple):
+    received: int  # chunks read before the stream broke
+    finish: str | None
+    error: Exception | None
+
+
+def _stream_killed_mid_decode(victim: VllmProcess, endpoint: VllmEndpoint) -> _Seen | None:
+    """One long stream; freeze the instance (SIGSTOP) at its first content chunk, then decide on the
+    frozen state. If the client still reads the stream's end, vLLM had finished before the freeze (on
+    a fast machine it writes the whole answer into the loopback buffers while a busy client parses
+    its first chunks): thaw it and return None. If the stream stays silent without an end, vLLM was
+    mid-decode: SIGKILL the frozen group and return what the client saw. Nothing races the engine.
+    """
+    stream = client(endpoint).chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Talk for a long time."}],
         max_tokens=1900,
         stream=True,
         extra_body=IGNORE_EOS,
     )
-    received, finish = 0, None
-    with pytest.raises(openai.APIConnectionError):  # the connection drops mid-body
+    last = [time.monotonic()]  # when the client last read a chunk
+    done, killed = threading.Event(), threading.Event()
+
+    def kill_when_silent() -> None:
+        while not done.wait(0.05):
+            if time.monotonic() - last[0] >= SILENCE_S:
+                killed.set()
+                victim.kill()
+                return
+        victim.thaw()
+
+    received, finish, error = 0, None, None
+    watcher: threading.Thread | None = None
+    try:
         for chunk in stream:
+            last[0] = time.monotonic()
             received += 1
             if chunk.choices and chunk.choices[0].finish_reason:
                 finish = chunk.choices[0].finish_reason
-            if received == 2:  # early: the tiny model streams fast, and a busy client reads late
-                victim.kill()
-    assert received >= 2 and finish is None, (received, finish)
+            if watcher is None and chunk.choices and chunk.choices[0].delta.content:
+                victim.freeze()
+                last[0] = time.monotonic()
+                watcher = threading.Thread(target=kill_when_silent, daemon=True)
+                watcher.start()
+    except openai.APIConnectionError as exc:  # the connection drops mid-body
+        error = exc
+    done.set()
+    if watcher is not None:
+        watcher.join()
+    if not killed.is_set():
+        assert error is None and finish == "length", (received, finish, error)  # it had simply finished
+        return None
+    return _Seen(received, finish, error)
+
+
+def test_sigkill_mid_stream_breaks_the_client_stream(
+    vllm_instances: list[VllmProcess], vllm_endpoints: list[VllmEndpoint]
+) -> None:
+    """A crashed instance ends the stream with an error, not a clean finish; the other one serves on.
+    (The autouse fixture restarts the killed instance before the next test that needs it.)"""
+    victim, other = vllm_instances[1], vllm_endpoints[0]
+    seen = None
+    for _ in range(TRIES):
+        seen = _stream_killed_mid_decode(victim, vllm_endpoints[1])
+        if seen is not None:
+            break
+    assert seen is not None, f"vLLM finished every one of {TRIES} streams before the freeze"
+    assert isinstance(seen.error, openai.APIConnectionError), seen
+    assert seen.finish is None and seen.received >= 2, seen
     assert not victim.alive()
     with pytest.raises(openai.APIConnectionError):
         client(vllm_endpoints[1]).models.list()
