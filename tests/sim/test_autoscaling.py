@@ -249,4 +249,5 @@ def test_the_slo_budget_compares_sizes_on_prompt_tokens_per_second_over_the_last
     result = _simulate(_doc(scaler, instances=2), StepWorkload([(90.0, 2.0), (120.0, 6.0)], prompt=100))
     sizes = result.extra["pool"]["slo_budget"]["sizes"]
     assert set(sizes) == {"2"}
-    assert sizes["2"]["max_load"] == pytest.approx(6.0 * 100)  # a whole minute of the second phase
+    assert sizes["2"]["max_prompt_tokens_per_s"] == pytest.approx(6.0 * 100)  # a whole minute of phase 2
+    assert sizes["2"]["max_rps"] == pytest.approx(6.0)

@@ -355,7 +355,11 @@ class AutoscalingShell:
             learned["slo_budget"] = {
                 "banked_requests": budget.banked(q),
                 "sizes": {
-                    str(r.size): {"worst_window_attainment": r.worst_attainment, "max_load": r.max_load}
+                    str(r.size): {
+                        "worst_window_attainment": r.worst_attainment,
+                        "max_rps": r.max_rps,
+                        "max_prompt_tokens_per_s": r.max_prompt_tps,
+                    }
                     for r in sorted(budget.sizes, key=lambda r: r.size)
                 },
             }

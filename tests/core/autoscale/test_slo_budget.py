@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenplane.core.autoscale import PoolSignal, PoolSpec, ScaleReason, TokenplaneParams, TokenplaneScaler
-from tokenplane.core.autoscale.budget import SizeRecord, SloBudget, affordable_size, load, observe_budget
+from tokenplane.core.autoscale.budget import (
+    SizeRecord,
+    SloBudget,
+    affordable_size,
+    carried,
+    held_by_budget,
+    observe_budget,
+    recent_rate,
+)
 from tokenplane.core.autoscale.scaler_state import ScalerState
 from tokenplane.core.autoscale.signals import prompt_tokens_rate
 from tokenplane.core.views import InstanceView
@@ -38,7 +46,13 @@ def pool(n: int, *, rate: float, tokens: float | None, attainment: float, now: f
     )
 
 
-records = st.builds(SizeRecord, st.integers(1, 12), st.floats(0.0, 1.0), st.floats(0.0, 1e6, allow_nan=False))
+records = st.builds(
+    SizeRecord,
+    st.integers(1, 12),
+    st.floats(0.0, 1.0),
+    st.floats(0.0, 100.0),
+    st.none() | st.floats(0.0, 1e6),
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -67,7 +81,11 @@ def test_only_a_size_measured_at_this_load_and_paid_for_is_afforded(
         return
     assert size in (n - 1, n) and size >= 1
     rec = budget.record(size)
-    assert rec is not None and rec.max_load >= load(signal)
+    assert rec is not None and carried(rec, signal)
+    if tokens is None:
+        assert rec.max_rps >= recent_rate(signal)
+    else:  # like with like: a record never measured in prompt tokens/s is not afforded on them
+        assert rec.max_prompt_tps is not None and rec.max_prompt_tps >= tokens
     bank = budget.banked(0.95)
     assert bank > 0 and bank >= (0.95 - rec.worst_attainment) * rate * horizon - 1e-9
 
@@ -99,7 +117,7 @@ def test_a_size_is_not_recorded_before_it_has_settled() -> None:
     budget = observe_budget(
         budget, pool(7, rate=14.0, tokens=None, attainment=0.9, now=90.0), SPEC, interval_s=15.0
     )
-    assert budget.record(7) == SizeRecord(7, 0.9, 14.0)
+    assert budget.record(7) == SizeRecord(7, 0.9, 14.0, None)
 
 
 def scaler_with(budget: SloBudget) -> TokenplaneScaler:
@@ -116,7 +134,7 @@ def scaler_with(budget: SloBudget) -> TokenplaneScaler:
 
 
 def test_a_banked_margin_pays_for_one_instance_fewer_and_a_failing_window_brings_it_back() -> None:
-    seven = SizeRecord(7, 0.90, 160_000.0)
+    seven = SizeRecord(7, 0.90, 14.5, 160_000.0)
     rich = SloBudget(met=9_700.0, seen=10_000.0, sizes=(seven,))  # 200 requests banked
     at_eight = pool(8, rate=14.5, tokens=150_000.0, attainment=0.97)
     assert scaler_with(SloBudget()).decide(at_eight, SPEC, now=1000.0).target_serving == 8  # no bank
@@ -129,13 +147,48 @@ def test_a_banked_margin_pays_for_one_instance_fewer_and_a_failing_window_brings
     assert scaler_with(poor).decide(at_eight, SPEC, now=1000.0).target_serving == 8
     # At 7 on the budget, the estimate asking for 8 is capped; a failing SLO window is not.
     at_seven = pool(7, rate=14.5, tokens=150_000.0, attainment=0.97)
-    eight = SizeRecord(8, 0.95, 160_000.0)
+    eight = SizeRecord(8, 0.95, 14.5, 160_000.0)
     rich7 = msgspec.structs.replace(rich, sizes=(seven, eight))
     assert scaler_with(SloBudget()).decide(at_seven, SPEC, now=1000.0).target_serving == 8  # no bank
     assert scaler_with(rich7).decide(at_seven, SPEC, now=1000.0).target_serving == 7
     failing = msgspec.structs.replace(at_seven, ttft_attainment=0.8, queued=20)
     decision = scaler_with(rich7).decide(failing, SPEC, now=1000.0)
     assert decision.target_serving > 7 and decision.reason is ScaleReason.SLO_AT_RISK
+
+
+def settled_at(n: int, *, rate: float, tokens: float | None) -> SloBudget:
+    """A budget whose only record is size ``n``, measured (settled) at this load in this unit."""
+    budget = SloBudget()
+    for t in (0.0, 90.0):
+        signal = pool(n, rate=rate, tokens=tokens, attainment=0.97, now=t)
+        budget = observe_budget(budget, signal, SPEC, interval_s=15.0)
+    return msgspec.structs.replace(budget, met=9_900.0, seen=10_000.0)
+
+
+def test_a_record_is_compared_with_the_load_now_in_the_same_unit() -> None:
+    """A size measured at 160k prompt tokens/s and 10 req/s is not afforded (nor does it hold) at
+    14.5 req/s once prompt tokens are not measured, and a size measured at 14.5 req/s before prompt
+    tokens were is not at 150k tokens/s: each unit is compared only with itself."""
+    in_tokens = settled_at(7, rate=10.0, tokens=160_000.0)
+    no_tokens = pool(8, rate=14.5, tokens=None, attainment=0.97)
+    assert affordable_size(in_tokens, 8, no_tokens, target=0.95, horizon_s=75.0) is None
+    assert not held_by_budget(in_tokens, 6, pool(6, rate=14.5, tokens=None, attainment=0.97))
+    assert (
+        affordable_size(
+            in_tokens, 8, pool(8, rate=9.0, tokens=None, attainment=0.97), target=0.95, horizon_s=75.0
+        )
+        == 7
+    )
+    in_rps = settled_at(7, rate=14.5, tokens=None)
+    with_tokens = pool(8, rate=10.0, tokens=150_000.0, attainment=0.97)
+    assert affordable_size(in_rps, 8, with_tokens, target=0.95, horizon_s=75.0) is None
+    assert not held_by_budget(in_rps, 6, pool(6, rate=10.0, tokens=150_000.0, attainment=0.97))
+    assert (
+        affordable_size(
+            in_rps, 8, pool(8, rate=10.0, tokens=None, attainment=0.97), target=0.95, horizon_s=75.0
+        )
+        == 7
+    )
 
 
 @given(

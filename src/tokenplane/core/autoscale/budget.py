@@ -13,9 +13,11 @@ further on the estimate (the sizes below are unmeasured there).
 What is measured (:func:`observe_budget`, from each signal): the bank, from each window's
 attainment weighted by the requests served over a decision interval (windows overlap and lag by
 the SLO, so this is an estimate of the run's attainment); and per ready pool size, the worst window
-attainment and the highest load (:func:`load`: prompt tokens/s where the shell measures them, else
-arrivals/s) seen at that size, once the size has held for a cold start plus the SLO plus a decision
-(so the window measured that size, not the one before).
+attainment and the highest load seen at that size in each unit (arrivals/s always, prompt tokens/s
+when the shell measures them), once the size has held for a cold start plus the SLO plus a decision
+(so the window measured that size, not the one before). A record is compared with the load now in
+the unit the signal has now (:func:`carried`: prompt tokens/s when measured, else arrivals/s); a
+record with no maximum in that unit has not been measured at the load now.
 
 State is a few floats per pool size; every function is pure.
 """
@@ -26,15 +28,38 @@ import msgspec
 
 from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec
 
-__all__ = ["SloBudget", "affordable_size", "held_by_budget", "load", "observe_budget", "recent_rate"]
+__all__ = [
+    "SizeRecord",
+    "SloBudget",
+    "affordable_size",
+    "carried",
+    "held_by_budget",
+    "load",
+    "observe_budget",
+    "recent_rate",
+]
 
 
 class SizeRecord(msgspec.Struct, frozen=True):
-    """What one ready pool size has been seen to do: its worst window and the most load it carried."""
+    """What one ready pool size has been seen to do: its worst window and the most load it carried,
+    in each unit (the prompt-token one only once a signal measured prompt tokens at that size)."""
 
     size: int
     worst_attainment: float
-    max_load: float  # the load measure of :func:`load` at its busiest
+    max_rps: float  # most arrivals/s (:func:`recent_rate`) carried
+    max_prompt_tps: float | None = None  # most prompt tokens/s carried; None: never measured
+
+    def observed(self, signal: PoolSignal, attainment: float) -> SizeRecord:
+        """This record after one more settled window at its size."""
+        tps = signal.prompt_tokens_per_s
+        if tps is not None and self.max_prompt_tps is not None:
+            tps = max(tps, self.max_prompt_tps)
+        return SizeRecord(
+            self.size,
+            min(self.worst_attainment, attainment),
+            max(self.max_rps, recent_rate(signal)),
+            self.max_prompt_tps if tps is None else tps,
+        )
 
 
 class SloBudget(msgspec.Struct, frozen=True):
@@ -69,11 +94,10 @@ def observe_budget(budget: SloBudget, signal: PoolSignal, spec: PoolSpec, *, int
     settled = spec.cold_start_s + (spec.ttft_slo_s or 0.0) + interval_s
     if att is not None and ready > 0 and signal.now - since >= settled:
         old = budget.record(ready)
-        rec = SizeRecord(
-            ready,
-            att if old is None else min(old.worst_attainment, att),
-            load(signal) if old is None else max(old.max_load, load(signal)),
-        )
+        if old is None:
+            rec = SizeRecord(ready, att, recent_rate(signal), signal.prompt_tokens_per_s)
+        else:
+            rec = old.observed(signal, att)
         sizes = (*(r for r in sizes if r.size != ready), rec)
     return SloBudget(met, seen, sizes, ready, since)
 
@@ -83,10 +107,10 @@ def affordable_size(
 ) -> int | None:
     """The smallest of ``n - 1`` and ``n`` measured at the load now or more, whose worst window the
     bank covers for ``horizon_s`` at the arrival rate now (``None``: neither; nothing changes)."""
-    bank, now_load, rate_rps = budget.banked(target), load(signal), recent_rate(signal)
+    bank, rate_rps = budget.banked(target), recent_rate(signal)
     for size in (n - 1, n):
         rec = budget.record(size)
-        if size < 1 or rec is None or rec.max_load < now_load:
+        if size < 1 or rec is None or not carried(rec, signal):
             continue
         cost = max(0.0, target - rec.worst_attainment) * rate_rps * horizon_s
         if bank > 0 and bank >= cost:
@@ -113,9 +137,17 @@ def load(signal: PoolSignal) -> float:
     return recent_rate(signal)
 
 
+def carried(rec: SizeRecord, signal: PoolSignal) -> bool:
+    """Whether ``rec``'s size was measured at the load now or more, like with like: prompt tokens/s
+    when the signal has them (a record without them was not measured in that unit), else arrivals/s."""
+    if signal.prompt_tokens_per_s is not None:
+        return rec.max_prompt_tps is not None and rec.max_prompt_tps >= signal.prompt_tokens_per_s
+    return rec.max_rps >= recent_rate(signal)
+
+
 def held_by_budget(budget: SloBudget, n: int, signal: PoolSignal) -> bool:
     """Whether a larger pool has been measured at the load now: then a pool of ``n`` that the
     budget affords is where the budget (not the estimate) brought it, and it shrinks no further
     on the estimate (sizes below are unmeasured at this load)."""
     rec = budget.record(n + 1)
-    return rec is not None and rec.max_load >= load(signal)
+    return rec is not None and carried(rec, signal)
