@@ -142,6 +142,39 @@ pool at 7 cannot know at t = 60 s, and holding 8 from 60 s to 570 s is the 8.9 %
 is unchanged: the worst window at 5 is 0.32 and the run's bank is negative from that KV episode
 until late, so no size is afforded (taking the mean window instead of the worst changes no cell).
 
+Tried and not kept (two rules, named here ``kv_needs_latency`` and ``floor_from_level``, left out
+of the code; tuned on seeds 1 / 2 / 3 / 9, then 4 and 5 held out;
+servegen-x8 and servegen-x16 as GPU-hours over static-best / attainment %; every other cell is
+the code's own on all six seeds: the table above, and on seeds 4 and 5 azure-x4, azure-x8,
+mooncake-x2, mooncake-x4, bursty-cv4, bursty-cv10 1.000, 1.000, 1.016, 1.089, 1.008, 1.000 and
+1.000, 1.000, 1.016, 1.089, 1.002, 1.000, SLO met):
+
+    variant             workload     seed 1     seed 2     seed 3     seed 9     seed 4     seed 5
+    both rules          servegen-x8  1.010/97.0 1.053/97.9 1.008/97.6 1.023/98.5 0.953/96.5 0.971/97.6
+                        servegen-x16 0.979/99.2 1.021/98.5 0.967/99.6 0.933/96.8 0.956/88.5 0.923/92.0
+    floor_from_level    servegen-x8  1.062/99.5 1.113/98.3 1.023/97.6 1.064/98.9 0.957/96.5 0.993/98.9
+                        servegen-x16 0.989/99.2 1.021/98.5 0.973/99.6 0.942/97.3 0.962/88.5 0.928/92.3
+    kv_needs_latency    servegen-x8  1.019/98.3 1.151/97.9 1.009/97.7 1.023/98.5 0.953/96.5 1.019/99.1
+                        servegen-x16 1.007/99.2 1.021/98.5 1.000/99.6 0.997/99.7 1.002/99.2 0.999/99.4
+    (this table's code) servegen-x8  1.062/99.5 1.129/98.3 1.024/97.7 1.064/98.9 0.957/96.5 1.019/99.1
+                        servegen-x16 1.016/99.2 1.021/98.5 1.006/99.6 1.010/99.7 1.008/99.2 1.004/99.4
+
+``floor_from_level`` sizes the remembered-bursts floor for today's level plus the rise the burst
+memory measured above its level (at most the remembered peak) rather than for the peak alone: a peak
+seen from a busier level was taken for a level that had passed (servegen-x8 seed 2 held a sixth 70B
+instance from t = 480 s to 1770 s, the last fourteen minutes at 4-5 req/s, for a remembered peak of
+7.7 req/s). It met the SLO on the tuning seeds and failed both held-out ones: on servegen-x16 seed 4
+the pool, released from the floor, shrank 10 -> 7 at 8-9 req/s and the load returned to 10-12 req/s
+minutes later; at 7 the KV caches filled (0.93-0.98) and windows fell to 3-12 % for the two minutes
+the cold starts took (88.5 % over the run). The peak floor is there for exactly that return.
+``kv_needs_latency`` (full KV caches buy nothing while TTFT p90 is within ``comfort_fraction`` of
+the SLO and attainment is met, the hold paid from the ``slo_budget`` bank against the worst window
+measured near KV pressure; without the bank the two rules together missed on seed 3, 94.7 %) cuts
+what seed 1's KV-bought sixth instance cost (1.062 -> 1.019) and meets the SLO on every seed, but on
+seed 2 it buys later into the same real miss, which then costs more (1.129 -> 1.151), over the 0.005
+this suite allows any cell to get worse. Together they are cheaper on every tuning cell because the
+floor's release repays seed 2, which the held-out seeds refute.
+
 ``--cache FILE`` keeps static-fleet and HPA runs (keyed by the whole scenario document) across
 runs; the tokenplane row is always rerun.
 
