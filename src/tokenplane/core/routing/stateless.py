@@ -21,4 +21,4 @@ class StatelessHooks:
         pass
 
     def forget(self, instance_id: InstanceId) -> None:
-        pass  # no per-instance state: a load is in the views
+        pass  # nothing kept per instance
