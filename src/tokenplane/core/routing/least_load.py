@@ -27,7 +27,8 @@ from tokenplane.core.params import no_params
 from tokenplane.core.registry import BuildContext, register
 from tokenplane.core.routing.base import ROUTERS
 from tokenplane.core.routing.candidates import NO_CANDIDATES
-from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, RouteDecision, RouteReason
+from tokenplane.core.routing.stateless import StatelessHooks
+from tokenplane.core.views import InstanceView, RequestInfo, RouteDecision, RouteReason
 
 _UNSET = sys.maxsize  # a load no real instance reaches; saves a `best is None` test per candidate
 
@@ -62,7 +63,7 @@ def least_tokens(candidates: Sequence[InstanceView]) -> InstanceView | None:
     return best
 
 
-class LeastRequestsRouter:
+class LeastRequestsRouter(StatelessHooks):
     name = "least-requests"
 
     def select(
@@ -73,17 +74,8 @@ class LeastRequestsRouter:
             return NO_CANDIDATES
         return RouteDecision(best.instance_id, RouteReason.LEAST_REQUESTS)
 
-    def on_routed(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
-        pass
 
-    def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
-        pass
-
-    def forget(self, instance_id: InstanceId) -> None:
-        pass  # no per-instance state: the load is in the views
-
-
-class LeastTokensRouter:
+class LeastTokensRouter(StatelessHooks):
     name = "least-tokens"
 
     def select(
@@ -93,15 +85,6 @@ class LeastTokensRouter:
         if best is None:
             return NO_CANDIDATES
         return RouteDecision(best.instance_id, RouteReason.LEAST_TOKENS)
-
-    def on_routed(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
-        pass
-
-    def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
-        pass
-
-    def forget(self, instance_id: InstanceId) -> None:
-        pass  # no per-instance state: the load is in the views
 
 
 @register(ROUTERS, "least-requests")

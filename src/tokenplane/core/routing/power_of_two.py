@@ -30,13 +30,14 @@ from tokenplane.core.params import ParamReader
 from tokenplane.core.registry import BuildContext, register
 from tokenplane.core.routing.base import ROUTERS
 from tokenplane.core.routing.candidates import NO_CANDIDATES, usable
-from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, RouteDecision, RouteReason
+from tokenplane.core.routing.stateless import StatelessHooks
+from tokenplane.core.views import InstanceView, RequestInfo, RouteDecision, RouteReason
 
 DEFAULT_LOAD = "requests"
 LOAD_CHOICES = ("requests", "tokens")
 
 
-class PowerOfTwoRouter:
+class PowerOfTwoRouter(StatelessHooks):
     name = "power-of-two"
 
     def __init__(self, rng: random.Random, *, load: str = DEFAULT_LOAD) -> None:
@@ -83,15 +84,6 @@ class PowerOfTwoRouter:
         else:
             pick = b if b.outstanding_requests < a.outstanding_requests else a
         return RouteDecision(pick.instance_id, RouteReason.POWER_OF_TWO)
-
-    def on_routed(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
-        pass
-
-    def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
-        pass
-
-    def forget(self, instance_id: InstanceId) -> None:
-        pass  # no per-instance state
 
 
 @register(ROUTERS, "power-of-two")

@@ -28,7 +28,8 @@ from tokenplane.core.params import no_params
 from tokenplane.core.registry import BuildContext, register
 from tokenplane.core.routing.base import ROUTERS
 from tokenplane.core.routing.candidates import NO_CANDIDATES, usable
-from tokenplane.core.views import InstanceId, InstanceView, RequestInfo, RouteDecision, RouteReason
+from tokenplane.core.routing.stateless import StatelessHooks
+from tokenplane.core.views import InstanceView, RequestInfo, RouteDecision, RouteReason
 
 
 def draw_index(rng: random.Random, n: int) -> int:
@@ -37,7 +38,7 @@ def draw_index(rng: random.Random, n: int) -> int:
     return i if i < n else n - 1
 
 
-class RandomRouter:
+class RandomRouter(StatelessHooks):
     name = "random"
 
     def __init__(self, rng: random.Random) -> None:
@@ -56,15 +57,6 @@ class RandomRouter:
                 return NO_CANDIDATES
             view = pool[draw_index(self._rng, len(pool))]
         return RouteDecision(view.instance_id, RouteReason.RANDOM)
-
-    def on_routed(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
-        pass
-
-    def on_finished(self, request: RequestInfo, instance_id: InstanceId, *, now: float) -> None:
-        pass
-
-    def forget(self, instance_id: InstanceId) -> None:
-        pass  # no per-instance state
 
 
 @register(ROUTERS, "random")
