@@ -44,7 +44,33 @@ _replace = msgspec.structs.replace
 _NO_ADAPTERS: frozenset[str] = frozenset()
 
 
-class ContinuousEngine(DecodeRuns, SeqRelease):
+class EngineWiring:
+    """What either engine (this one, the static baseline's
+    :class:`~tokenplane.sim.static_engine.StaticEngine`) shares with the fleet that drives it: where
+    state changes and finished sequences go, and busy time. A mixin without ``__slots__``, like the others.
+    """
+
+    index: int
+    changed: set[int]
+    _on_finish: FinishFn
+    record: InstanceRecord
+    busy: bool
+    busy_since: float
+
+    def bind(self, index: int, changed: set[int], on_finish: FinishFn | None = None) -> None:
+        """Report state changes as ``index`` into the fleet's shared ``changed`` set, and finished
+        sequences to ``on_finish`` when given (the fleet that owns the engine)."""
+        self.index = index
+        self.changed = changed
+        changed.add(index)
+        if on_finish is not None:
+            self._on_finish = on_finish
+
+    def busy_seconds(self, now: float) -> float:
+        return self.record.busy_s + (now - self.busy_since if self.busy else 0.0)
+
+
+class ContinuousEngine(DecodeRuns, SeqRelease, EngineWiring):
     """One instance: owns its queue, batch and KV cache; the fleet drives it through events."""
 
     # Slots make the hot attribute reads cheap (more than 30 instance attributes do not fit a
@@ -196,15 +222,6 @@ class ContinuousEngine(DecodeRuns, SeqRelease):
         elif self._in_run and len(self.running) < self.cfg.max_num_seqs:
             self._interrupt(now)
 
-    def bind(self, index: int, changed: set[int], on_finish: FinishFn | None = None) -> None:
-        """Report state changes as ``index`` into the fleet's shared ``changed`` set, and finished
-        sequences to ``on_finish`` when given (the fleet that owns the engine)."""
-        self.index = index
-        self.changed = changed
-        changed.add(index)
-        if on_finish is not None:
-            self._on_finish = on_finish
-
     def set_slow(self, factor: float, now: float) -> None:
         """Multiply step times by ``factor`` from the next step boundary on."""
         self.slow = factor
@@ -230,9 +247,6 @@ class ContinuousEngine(DecodeRuns, SeqRelease):
             predicted_ttft_s=self.ttft.view_ttft_s(waiting, weights),
             adapters=self.lora.view if self.lora is not None else _NO_ADAPTERS,
         )
-
-    def busy_seconds(self, now: float) -> float:
-        return self.record.busy_s + (now - self.busy_since if self.busy else 0.0)
 
     def cached_prefix_tokens(self, spec: RequestSpec) -> int:
         """Leading prompt tokens of ``spec`` this engine's prefix cache holds now (what a prefill

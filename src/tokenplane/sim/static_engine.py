@@ -13,14 +13,22 @@ from collections import deque
 
 from tokenplane.core.ttft import PoolTtft, free_kv_bytes
 from tokenplane.core.views import InstanceView
-from tokenplane.sim.engine import EngineConfig, FinishFn, ScheduleFn, Seq, StepTimes, _ignore_finish
+from tokenplane.sim.engine import (
+    EngineConfig,
+    EngineWiring,
+    FinishFn,
+    ScheduleFn,
+    Seq,
+    StepTimes,
+    _ignore_finish,
+)
 from tokenplane.sim.records import InstanceRecord, TbtHistogram
 from tokenplane.sim.workloads.base import RequestSpec
 
 DEFAULT_STATIC_MAX_LEN = 4096
 
 
-class StaticEngine:
+class StaticEngine(EngineWiring):
     def __init__(
         self,
         instance_id: str,
@@ -72,15 +80,6 @@ class StaticEngine:
             self.busy_since = now
             self._schedule_late(now, self._end_batch, None)
 
-    def bind(self, index: int, changed: set[int], on_finish: FinishFn | None = None) -> None:
-        """Report state changes as ``index`` into the fleet's shared ``changed`` set, and finished
-        sequences to ``on_finish`` when given (the fleet that owns the engine)."""
-        self.index = index
-        self.changed = changed
-        changed.add(index)
-        if on_finish is not None:
-            self._on_finish = on_finish
-
     def view(self) -> InstanceView:
         rec = self.record
         in_batch = len(self.batch)
@@ -104,9 +103,6 @@ class StaticEngine:
     def cached_prefix_tokens(self, spec: RequestSpec) -> int:
         """A static batcher keeps no prefix cache."""
         return 0
-
-    def busy_seconds(self, now: float) -> float:
-        return self.record.busy_s + (now - self.busy_since if self.busy else 0.0)
 
     def _start_batch(self, now: float) -> None:
         batch = [self.waiting.popleft() for _ in range(min(self.slots, len(self.waiting)))]

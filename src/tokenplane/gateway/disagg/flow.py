@@ -31,17 +31,15 @@ A client's own ``kv_transfer_params`` are refused (400): the gateway owns the fl
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 
 from tokenplane.core.outcomes import AttemptOutcome, AttemptResult
-from tokenplane.core.retry_budget import AttemptKind
 from tokenplane.core.views import InstanceId, InstanceView, RequestInfo
 from tokenplane.gateway.catalog import ServedModel
-from tokenplane.gateway.continuation import StreamSplicer, can_continue, continuation_body
+from tokenplane.gateway.continuation import can_continue, continuation_body
 from tokenplane.gateway.disagg.decode_check import check_plain, check_stream
 from tokenplane.gateway.disagg.pools import DisaggregatedPools, PdPool
 from tokenplane.gateway.disagg.prefill import PrefillFailed, Prefills
@@ -51,7 +49,15 @@ from tokenplane.gateway.resilience import Resilience
 from tokenplane.gateway.runtimes import PD_RUNTIMES
 from tokenplane.gateway.stages.attempt import Attempts
 from tokenplane.gateway.stages.context import RequestContext
-from tokenplane.gateway.stages.forward import delivered_all, settle_failure
+from tokenplane.gateway.stages.forward import (
+    before_retry,
+    budget_bounds_first_byte,
+    delivered_all,
+    plan_deadline_s,
+    settle_failure,
+    stream_splicer,
+    ttft_budget_left,
+)
 from tokenplane.gateway.upstreams import Upstream, UpstreamPool
 
 _encode = msgspec.json.Encoder().encode
@@ -145,17 +151,12 @@ class Disaggregate:
         res = self.resilience
         metrics = self.pd.metrics
         deadline_s = ex.deadline_s
-        splicer = (
-            StreamSplicer(ex.client, parsed.endpoint == "chat", res.retry.stream_idle_timeout_s)
-            if parsed.stream
-            else None
-        )
+        splicer = stream_splicer(ex, parsed, res)
         check = check_stream if splicer is not None else check_plain
-        life = ex.arrival + self.upstream_timeout_s
         plan = res.plan(
             info,
             now=time.monotonic(),
-            deadline_s=max(deadline_s, life) if parsed.stream else deadline_s,
+            deadline_s=plan_deadline_s(ex, parsed.stream, self.upstream_timeout_s),
             allow_continuation=tenant.continuation and can_continue(parsed),
         )
         attempt = next(plan)
@@ -164,16 +165,11 @@ class Disaggregate:
             while True:
                 request = body
                 if attempt.number > 1:
-                    res.count_attempt(model.name, attempt.kind is AttemptKind.CONTINUATION)
-                    if attempt.delay_s > 0:
-                        await asyncio.sleep(attempt.delay_s)
-                    if splicer is not None:
-                        splicer.digest()
-                        if splicer.delivered_tokens:
-                            request = continuation_body(parsed, splicer.text, splicer.delivered_tokens)
+                    await before_retry(res, model.name, attempt, splicer)
+                    if splicer is not None and splicer.delivered_tokens:
+                        request = continuation_body(parsed, splicer.text, splicer.delivered_tokens)
                 now = time.monotonic()
-                delivered = splicer is not None and splicer.delivered_tokens > 0
-                ttft_left = None if delivered else deadline_s - now
+                ttft_left = ttft_budget_left(deadline_s, now, splicer)
                 if ttft_left is not None and ttft_left <= 0 and error is not None:
                     break  # nothing delivered and the latency budget is spent: no retry
                 try:
@@ -208,9 +204,9 @@ class Disaggregate:
                 else:
                     metrics.count(model.name, "colocated_fallback")
                     raw = _encode(request)
-                cap, by_budget = res.retry.first_byte_timeout_s, False
-                if ttft_left is not None and splicer is not None and (cap is None or ttft_left < cap):
-                    cap, by_budget = ttft_left, True
+                first_byte_cap = res.retry.first_byte_timeout_s
+                by_budget = budget_bounds_first_byte(first_byte_cap, ttft_left, splicer)
+                cap = ttft_left if by_budget else first_byte_cap
                 try:
                     outcome, out, error = await self.attempts.accounted(
                         ex, raw, decode, splicer, cap, attempt.kind, attempt.number, by_budget, check

@@ -12,11 +12,12 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from tokenplane.core.retry_budget import AttemptKind
+from tokenplane.core.retry_budget import Attempt, AttemptKind
 from tokenplane.core.views import InstanceId, RequestInfo, RouteDecision
 from tokenplane.gateway.catalog import ServedModel
 from tokenplane.gateway.continuation import StreamSplicer, can_continue, continuation_body
 from tokenplane.gateway.errors import GatewayError, NoHealthyInstance
+from tokenplane.gateway.request import ParsedRequest
 from tokenplane.gateway.resilience import Resilience
 from tokenplane.gateway.stages.attempt import Attempts
 from tokenplane.gateway.stages.context import RequestContext
@@ -82,19 +83,12 @@ class Forward:
         # maybe another to a runtime's parser; max_tokens checked here could be bypassed).
         raw = _encode(body)
         res = self.resilience
-        splicer = (
-            StreamSplicer(ex.client, parsed.endpoint == "chat", res.retry.stream_idle_timeout_s)
-            if parsed.stream
-            else None
-        )
+        splicer = stream_splicer(ex, parsed, res)
         now = time.monotonic()
-        # A stream's deadline for continuations is its whole life: the admission deadline is a
-        # time-to-first-token budget, which bounds retries only while nothing was delivered.
-        life = ex.arrival + self.upstream_timeout_s
         plan = res.plan(
             info,
             now=now,
-            deadline_s=max(deadline_s, life) if parsed.stream else deadline_s,
+            deadline_s=plan_deadline_s(ex, parsed.stream, self.upstream_timeout_s),
             # only a stream is ever continued (a JSON answer delivers no token before it ends)
             allow_continuation=parsed.stream and tenant.continuation and can_continue(parsed),
         )
@@ -104,14 +98,11 @@ class Forward:
         try:
             while True:
                 if attempt.number > 1:
-                    res.count_attempt(model.name, attempt.kind is AttemptKind.CONTINUATION)
-                    if attempt.delay_s > 0:
-                        await asyncio.sleep(attempt.delay_s)
+                    await before_retry(res, model.name, attempt, splicer)
                     if splicer is not None:
-                        splicer.digest()
                         raw = _encode(continuation_body(parsed, splicer.text, splicer.delivered_tokens))
                 now = time.monotonic()
-                ttft_left = deadline_s - now if (splicer is None or not splicer.delivered_tokens) else None
+                ttft_left = ttft_budget_left(deadline_s, now, splicer)
                 if ttft_left is not None and ttft_left <= 0 and error is not None:
                     break  # nothing delivered and the latency budget is spent: no retry
                 trace = ex.trace
@@ -127,12 +118,8 @@ class Forward:
                 ex.reason = decision.reason._value_  # (``.value`` is two Python calls: a descriptor)
                 if traced:
                     trace.routed(rspan, upstream.id, ex.reason)
-                # The latency budget is a time-to-first-token budget. A stream's headers come at
-                # once, so it bounds their wait; a plain answer's headers come with its last token,
-                # so there the budget bounds only the queue and retries, not a long generation.
-                cap, by_budget = first_byte_cap, False
-                if ttft_left is not None and splicer is not None and (cap is None or ttft_left < cap):
-                    cap, by_budget = ttft_left, True
+                by_budget = budget_bounds_first_byte(first_byte_cap, ttft_left, splicer)
+                cap = ttft_left if by_budget else first_byte_cap
                 outcome, out, error = await self.attempts.accounted(
                     ex, raw, upstream, splicer, cap, attempt.kind, attempt.number, by_budget
                 )
@@ -150,6 +137,53 @@ class Forward:
             plan.close()
         assert error is not None
         await settle_failure(ex, splicer, error)
+
+
+def stream_splicer(ex: RequestContext, parsed: ParsedRequest, res: Resilience) -> StreamSplicer | None:
+    """What relays a streamed answer to the client (and splices its continuations into it); None
+    for a JSON answer."""
+    if not parsed.stream:
+        return None
+    return StreamSplicer(ex.client, parsed.endpoint == "chat", res.retry.stream_idle_timeout_s)
+
+
+def plan_deadline_s(ex: RequestContext, stream: bool, upstream_timeout_s: float) -> float:
+    """The retry plan's deadline. A stream's deadline for continuations is its whole life: the
+    admission deadline is a time-to-first-token budget, which bounds retries only while nothing
+    was delivered."""
+    deadline_s = ex.deadline_s
+    return max(deadline_s, ex.arrival + upstream_timeout_s) if stream else deadline_s
+
+
+async def before_retry(res: Resilience, model: str, attempt: Attempt, splicer: StreamSplicer | None) -> None:
+    """Before a retry or a continuation: count it, wait its delay, and take in what the broken
+    stream delivered (the splicer's text and tokens, for the continuation's body)."""
+    res.count_attempt(model, attempt.kind is AttemptKind.CONTINUATION)
+    if attempt.delay_s > 0:
+        await asyncio.sleep(attempt.delay_s)
+    if splicer is not None:
+        splicer.digest()
+
+
+def ttft_budget_left(deadline_s: float, now: float, splicer: StreamSplicer | None) -> float | None:
+    """What is left of the time-to-first-token budget; None once the stream delivered a token
+    (the budget then no longer bounds retries)."""
+    return deadline_s - now if (splicer is None or not splicer.delivered_tokens) else None
+
+
+def budget_bounds_first_byte(
+    first_byte_cap: float | None, ttft_left: float | None, splicer: StreamSplicer | None
+) -> bool:
+    """Whether what is left of the latency budget, rather than ``first_byte_cap`` (the configured
+    wait), bounds an attempt's wait for its response headers. The budget is a time-to-first-token
+    budget. A stream's headers come at once, so it bounds their wait; a plain answer's headers come
+    with its last token, so there the budget bounds only the queue and retries, not a long
+    generation."""
+    return (
+        ttft_left is not None
+        and splicer is not None
+        and (first_byte_cap is None or ttft_left < first_byte_cap)
+    )
 
 
 async def delivered_all(ex: RequestContext, splicer: StreamSplicer | None) -> bool:

@@ -7,11 +7,12 @@ CSV ``TIMESTAMP,ContextTokens,GeneratedTokens`` with timestamps like ``2023-11-1
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 
 from tokenplane.sim.workloads.base import RequestSpec
+from tokenplane.sim.workloads.replay import TraceReplay
 
 __all__ = ["AzureTrace", "parse_azure_timestamp"]
 
@@ -32,7 +33,7 @@ def parse_azure_timestamp(text: str) -> tuple[int, float]:
     return secs, (int(frac) / 10 ** len(frac)) if frac else 0.0
 
 
-class AzureTrace:
+class AzureTrace(TraceReplay):
     """Open-loop replay of an Azure-format CSV; arrivals relative to the first row, times ``time_scale``."""
 
     def __init__(
@@ -45,16 +46,7 @@ class AzureTrace:
         tenant: str = "default",
         name: str = "azure",
     ) -> None:
-        if not time_scale > 0:
-            raise ValueError(f"time_scale must be > 0, got {time_scale}")
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
-        self.path = Path(path)
-        self.time_scale = time_scale
-        self.limit = limit
-        self.model = model
-        self.tenant = tenant
-        self.name = name
+        super().__init__(path, time_scale, limit, model, tenant, name)
 
     def arrivals(self) -> Iterator[RequestSpec]:
         limit = self.limit
@@ -92,19 +84,7 @@ class AzureTrace:
                 if rel < last:
                     raise ValueError(f"{self.path}:{lineno}: timestamp {ts} goes back in time")
                 last = rel
-                out_tokens = max(1, out)
-                yield RequestSpec(
-                    request_id=rid,
-                    arrival_s=rel * scale,
-                    prompt_tokens=max(1, inp),
-                    output_tokens=out_tokens,
-                    tenant=self.tenant,
-                    model=self.model,
-                    max_output_tokens=out_tokens,
-                )
+                yield self._request(rid, rel * scale, inp, out)
                 rid += 1
                 if limit is not None and rid >= limit:
                     return
-
-    def on_finished(self, spec: RequestSpec, finish_s: float, ok: bool) -> Sequence[RequestSpec]:
-        return ()

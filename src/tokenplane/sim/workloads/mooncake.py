@@ -7,15 +7,16 @@ Each line holds ``timestamp`` (ms from the start), ``input_length``, ``output_le
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 from tokenplane.sim.workloads.base import RequestSpec
+from tokenplane.sim.workloads.replay import TraceReplay
 
 __all__ = ["MooncakeTrace"]
 
 
-class MooncakeTrace:
+class MooncakeTrace(TraceReplay):
     """Open-loop replay of a Mooncake-format JSONL trace.
 
     ``time_scale`` multiplies arrival times (0.5 replays twice as fast); ``limit`` keeps the first
@@ -35,19 +36,10 @@ class MooncakeTrace:
         tenant: str = "default",
         name: str = "mooncake",
     ) -> None:
-        if not time_scale > 0:
-            raise ValueError(f"time_scale must be > 0, got {time_scale}")
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
+        super().__init__(path, time_scale, limit, model, tenant, name)
         if block_tokens <= 0:
             raise ValueError(f"block_tokens must be > 0, got {block_tokens}")
-        self.path = Path(path)
-        self.time_scale = time_scale
-        self.limit = limit
-        self.model = model
         self.block_tokens = block_tokens
-        self.tenant = tenant
-        self.name = name
 
     def arrivals(self) -> Iterator[RequestSpec]:
         scale = self.time_scale / 1000.0
@@ -75,21 +67,7 @@ class MooncakeTrace:
                     )
                 last_ts = ts
                 keep = min(len(ids), inp // block)
-                out_tokens = max(1, out)
-                yield RequestSpec(
-                    request_id=rid,
-                    arrival_s=ts * scale,
-                    prompt_tokens=max(1, inp),
-                    output_tokens=out_tokens,
-                    block_hashes=tuple(int(h) for h in ids[:keep]),
-                    hash_block_tokens=block,
-                    tenant=self.tenant,
-                    model=self.model,
-                    max_output_tokens=out_tokens,
-                )
+                yield self._request(rid, ts * scale, inp, out, tuple(int(h) for h in ids[:keep]), block)
                 rid += 1
                 if limit is not None and rid >= limit:
                     return
-
-    def on_finished(self, spec: RequestSpec, finish_s: float, ok: bool) -> Sequence[RequestSpec]:
-        return ()
