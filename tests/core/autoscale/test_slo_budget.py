@@ -1,5 +1,6 @@
 """The ``slo_budget`` evidence rule (:mod:`tokenplane.core.autoscale.budget`): the run's banked SLO
-margin pays for running one instance short, only at a size measured at the load now or more, and
+margin pays for running one instance short, only at a size measured at the load now or more, priced
+by the worst window that size was measured at near the load now (not at a burst far above it), and
 the measured terms (SLO) still bring capacity back."""
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ from tokenplane.core.autoscale.budget import (
     SizeRecord,
     SloBudget,
     affordable_size,
+    band,
     carried,
     held_by_budget,
+    load,
     observe_budget,
     recent_rate,
 )
+from tokenplane.core.autoscale.burst import BurstMemory, RiseSample
 from tokenplane.core.autoscale.scaler_state import ScalerState
 from tokenplane.core.autoscale.signals import prompt_tokens_rate
 from tokenplane.core.views import InstanceView
@@ -52,6 +56,7 @@ records = st.builds(
     st.floats(0.0, 1.0),
     st.floats(0.0, 100.0),
     st.none() | st.floats(0.0, 1e6),
+    st.lists(st.tuples(st.booleans(), st.integers(-10, 160), st.floats(0.0, 1.0)), max_size=6).map(tuple),
 )
 
 
@@ -87,7 +92,7 @@ def test_only_a_size_measured_at_this_load_and_paid_for_is_afforded(
     else:  # like with like: a record never measured in prompt tokens/s is not afforded on them
         assert rec.max_prompt_tps is not None and rec.max_prompt_tps >= tokens
     bank = budget.banked(0.95)
-    assert bank > 0 and bank >= (0.95 - rec.worst_attainment) * rate * horizon - 1e-9
+    assert bank > 0 and bank >= (0.95 - rec.worst_at(signal, load(signal))) * rate * horizon - 1e-9
 
 
 @settings(max_examples=200, deadline=None)
@@ -117,7 +122,7 @@ def test_a_size_is_not_recorded_before_it_has_settled() -> None:
     budget = observe_budget(
         budget, pool(7, rate=14.0, tokens=None, attainment=0.9, now=90.0), SPEC, interval_s=15.0
     )
-    assert budget.record(7) == SizeRecord(7, 0.9, 14.0, None)
+    assert budget.record(7) == SizeRecord(7, 0.9, 14.0, None, ((False, band(14.0), 0.9),))
 
 
 def scaler_with(budget: SloBudget) -> TokenplaneScaler:
@@ -208,3 +213,76 @@ def test_prompt_tokens_rate_is_the_mean_of_the_last_minutes_complete_buckets(
         return
     span = [b for b in range(current) if (current - b) * width <= 60.0 or b == current - 1]
     assert rate == pytest.approx(sum(tokens.get(b, 0) for b in span) / (len(span) * width))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    windows=st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(0.5, 50.0)), min_size=1, max_size=30),
+    tokens=st.booleans(),
+    probe=st.floats(0.5, 60.0),
+)
+def test_a_record_keeps_the_worst_window_per_load_band_and_prices_by_the_band_now(
+    windows: list[tuple[float, float]], tokens: bool, probe: float
+) -> None:
+    """Per band of the load (in its unit), the worst settled window; the price at a load is never
+    better than the worst window of its band (when measured), nor worse than the worst ever."""
+    budget = SloBudget()
+    for k, (att, rate) in enumerate(windows):
+        signal = pool(3, rate=rate, tokens=rate * 1000.0 if tokens else None, attainment=att, now=90.0 * k)
+        budget = observe_budget(budget, signal, SPEC, interval_s=15.0)
+    settled = windows[1:]  # the first signal starts the size's clock
+    rec = budget.record(3)
+    if not settled:
+        assert rec is None
+        return
+    assert rec is not None
+    scale = 1000.0 if tokens else 1.0
+    for _, key, worst in rec.bands:
+        assert worst == min(a for a, r in settled if band(r * scale) == key)
+    assert rec.worst_attainment == min(w for _, _, w in rec.bands) == min(a for a, _ in settled)
+    signal = pool(3, rate=probe, tokens=probe * 1000.0 if tokens else None, attainment=1.0)
+    price = rec.worst_at(signal, load(signal))
+    assert price >= rec.worst_attainment
+    here = [a for a, r in settled if band(r * scale) == band(probe * scale)]
+    if here:
+        assert price == min(here)
+
+
+def test_a_miss_at_a_burst_far_above_the_load_now_does_not_price_the_load_now() -> None:
+    """Size 5 served 4.5k prompt tokens/s at 0.99 and missed (0.63) in a burst at 6.5k: back at
+    4.5k, going 6 -> 5 costs the window measured there, which a small bank covers; at the burst's
+    load it costs the miss (0.32 x 6.3 req/s x 145 s = 292 requests), which that bank does not."""
+    five = SizeRecord(5, 0.63, 6.8, 6_500.0, ((True, band(4_500.0), 0.99), (True, band(6_500.0), 0.63)))
+    six = SizeRecord(6, 1.0, 6.7, 7_400.0, ((True, band(6_500.0), 1.0),))
+    budget = SloBudget(met=9_530.0, seen=10_000.0, sizes=(five, six))  # 30 requests banked
+    quiet = pool(6, rate=4.3, tokens=4_500.0, attainment=1.0)
+    assert affordable_size(budget, 6, quiet, target=0.95, horizon_s=145.0) == 5
+    # The worst ever (the old price, 0.32 x 4.3 x 145 = 200 requests) would not have afforded it.
+    assert (0.95 - five.worst_attainment) * 4.3 * 145.0 > budget.banked(0.95)
+    burst = pool(6, rate=6.3, tokens=6_500.0, attainment=1.0)
+    assert affordable_size(budget, 6, burst, target=0.95, horizon_s=145.0) == 6
+    # Above every load 5 was measured at: not carried, not afforded, whatever the bank.
+    beyond = pool(6, rate=6.3, tokens=7_000.0, attainment=1.0)
+    assert affordable_size(budget, 6, beyond, target=0.95, horizon_s=145.0) == 6
+
+
+def test_the_afforded_size_caps_the_warm_pool_the_remembered_bursts_ask_for() -> None:
+    """While the budget affords 7, serving and warm together stay at 7: a burst memory asking for
+    more within a cold start is an estimate, capped like the demand term (the SLO and KV terms,
+    measured, are not)."""
+    seven = SizeRecord(7, 0.97, 14.5, 160_000.0)
+    rich = SloBudget(met=9_700.0, seen=10_000.0, sizes=(seven,))
+    scaler = scaler_with(rich)
+    state = scaler.state
+    bursts = BurstMemory((RiseSample(900.0, 14.5, 20.0),), 1800.0)
+    scaler._state = msgspec.structs.replace(
+        state,
+        burst_cold=bursts,
+        capacity_rps=msgspec.structs.replace(state.capacity_rps, ceiling=None),
+    )
+    decision = scaler.decide(pool(8, rate=14.5, tokens=150_000.0, attainment=0.97), SPEC, now=1000.0)
+    assert decision.target_serving == 7 and decision.target_warm == 0
+    unafforded = scaler_with(SloBudget())
+    unafforded._state = msgspec.structs.replace(scaler.state, slo_budget=SloBudget())
+    decision = unafforded.decide(pool(8, rate=14.5, tokens=150_000.0, attainment=0.97), SPEC, now=1000.0)
+    assert decision.target_serving + decision.target_warm > 8  # the burst memory, uncapped

@@ -2,10 +2,15 @@
 
 The SLO asks that ``slo_target`` of the run's requests meet it. A pool that has served better than
 that has banked the difference (``met - slo_target × seen``, in requests), and may spend it on
-running one instance short, *if* the worst it has been seen to do at that size costs less than the
-bank over the time it takes to come back (a cold start plus a decision): sizes never measured, or
-measured only at a lower load than now, are not afforded (no extrapolation). While a size is
-afforded, the estimated terms (demand, queue, warm pool) are capped at it; the measured ones (the
+running one instance short, *if* the worst it has been seen to do at that size, at the load now,
+costs less than the bank over the time it takes to come back (a cold start plus a decision): sizes
+never measured, or measured only at a lower load than now, are not afforded (no extrapolation).
+"At the load now" is the worst window in the load's band (bands 10 % wide, geometric; else the
+nearest measured band above): a miss in a burst far above today's load prices today's load only
+when the load is that high again (priced as the worst ever, one such miss held the pool a size up
+until the bank covered the burst's shortfall at today's rate). While a size is afforded, the
+estimated terms (demand, queue, warm pool, the one the remembered bursts ask for included) are
+capped at it; the measured ones (the
 SLO and KV terms) are not, so a window that fails brings capacity back as before; and while the
 budget holds the pool below what a larger, measured pool carried at this load, the pool shrinks no
 further on the estimate (the sizes below are unmeasured there).
@@ -13,16 +18,19 @@ further on the estimate (the sizes below are unmeasured there).
 What is measured (:func:`observe_budget`, from each signal): the bank, from each window's
 attainment weighted by the requests served over a decision interval (windows overlap and lag by
 the SLO, so this is an estimate of the run's attainment); and per ready pool size, the worst window
-attainment and the highest load seen at that size in each unit (arrivals/s always, prompt tokens/s
-when the shell measures them), once the size has held for a cold start plus the SLO plus a decision
-(so the window measured that size, not the one before). A record is compared with the load now in
-the unit the signal has now (:func:`carried`: prompt tokens/s when measured, else arrivals/s); a
-record with no maximum in that unit has not been measured at the load now.
+attainment (overall and per load band) and the highest load seen at that size in each unit
+(arrivals/s always, prompt tokens/s when the shell measures them), once the size has held for a
+cold start plus the SLO plus a decision (so the window measured that size, not the one before). A
+record is compared with the load now in the unit the signal has now (:func:`carried`: prompt
+tokens/s when measured, else arrivals/s); a record with no maximum in that unit has not been
+measured at the load now.
 
 State is a few floats per pool size; every function is pure.
 """
 
 from __future__ import annotations
+
+import math
 
 import msgspec
 
@@ -32,6 +40,7 @@ __all__ = [
     "SizeRecord",
     "SloBudget",
     "affordable_size",
+    "band",
     "carried",
     "held_by_budget",
     "load",
@@ -48,6 +57,8 @@ class SizeRecord(msgspec.Struct, frozen=True):
     worst_attainment: float
     max_rps: float  # most arrivals/s (:func:`recent_rate`) carried
     max_prompt_tps: float | None = None  # most prompt tokens/s carried; None: never measured
+    # The worst window per load band: (in prompt tokens/s?, :func:`band` of :func:`load`, worst).
+    bands: tuple[tuple[bool, int, float], ...] = ()
 
     def observed(self, signal: PoolSignal, attainment: float) -> SizeRecord:
         """This record after one more settled window at its size."""
@@ -59,7 +70,36 @@ class SizeRecord(msgspec.Struct, frozen=True):
             min(self.worst_attainment, attainment),
             max(self.max_rps, recent_rate(signal)),
             self.max_prompt_tps if tps is None else tps,
+            _banded(self.bands, signal, attainment),
         )
+
+    def worst_at(self, signal: PoolSignal, load_now: float) -> float:
+        """The worst window seen at the load ``load_now`` (in :func:`load`'s unit now) or a little
+        more: over the band of ``load_now`` and the one above, else the nearest band above that was
+        measured, else the worst window ever (a record measured only below: not carried anyway)."""
+        unit, key = signal.prompt_tokens_per_s is not None, band(load_now)
+        above = sorted((k, w) for u, k, w in self.bands if u == unit and k >= key)
+        if not above:
+            return self.worst_attainment
+        near = [w for k, w in above if k == key]
+        return min(near) if near else above[0][1]
+
+
+BAND_RATIO = 1.1  # load bands: each 10 % above the one below
+
+
+def band(load_value: float) -> int:
+    """The load band ``load_value`` falls in (bands are ``BAND_RATIO`` wide, geometric)."""
+    return math.floor(math.log(max(load_value, 1e-9)) / math.log(BAND_RATIO))
+
+
+def _banded(
+    bands: tuple[tuple[bool, int, float], ...], signal: PoolSignal, attainment: float
+) -> tuple[tuple[bool, int, float], ...]:
+    unit, key = signal.prompt_tokens_per_s is not None, band(load(signal))
+    old = next((w for u, k, w in bands if u == unit and k == key), 1.0)
+    rest = tuple(b for b in bands if not (b[0] == unit and b[1] == key))
+    return (*rest, (unit, key, min(old, attainment)))
 
 
 class SloBudget(msgspec.Struct, frozen=True):
@@ -95,7 +135,9 @@ def observe_budget(budget: SloBudget, signal: PoolSignal, spec: PoolSpec, *, int
     if att is not None and ready > 0 and signal.now - since >= settled:
         old = budget.record(ready)
         if old is None:
-            rec = SizeRecord(ready, att, recent_rate(signal), signal.prompt_tokens_per_s)
+            rec = SizeRecord(
+                ready, att, recent_rate(signal), signal.prompt_tokens_per_s, _banded((), signal, att)
+            )
         else:
             rec = old.observed(signal, att)
         sizes = (*(r for r in sizes if r.size != ready), rec)
@@ -105,14 +147,15 @@ def observe_budget(budget: SloBudget, signal: PoolSignal, spec: PoolSpec, *, int
 def affordable_size(
     budget: SloBudget, n: int, signal: PoolSignal, *, target: float, horizon_s: float
 ) -> int | None:
-    """The smallest of ``n - 1`` and ``n`` measured at the load now or more, whose worst window the
-    bank covers for ``horizon_s`` at the arrival rate now (``None``: neither; nothing changes)."""
-    bank, rate_rps = budget.banked(target), recent_rate(signal)
+    """The smallest of ``n - 1`` and ``n`` measured at the load now or more, whose worst window at
+    the load now (:meth:`SizeRecord.worst_at`) the bank covers for ``horizon_s`` at the arrival rate
+    now (``None``: neither; nothing changes)."""
+    bank, rate_rps, load_now = budget.banked(target), recent_rate(signal), load(signal)
     for size in (n - 1, n):
         rec = budget.record(size)
         if size < 1 or rec is None or not carried(rec, signal):
             continue
-        cost = max(0.0, target - rec.worst_attainment) * rate_rps * horizon_s
+        cost = max(0.0, target - rec.worst_at(signal, load_now)) * rate_rps * horizon_s
         if bank > 0 and bank >= cost:
             return size
     return None

@@ -279,6 +279,7 @@ class TokenplaneScaler:
             # Nor pre-warm on it: only the rises measured within a cold start size the warm pool
             # (latency_queues: whenever the latency vouches for the pool, held or not).
             provision = max(min(provision, n), _ceil(burst_provision_rps / (cap * u)))
+        provision = min(provision, afford)  # slo_budget: the warm pool is an estimated term too
         if p.warm_slo_share and attainment is not None and attainment >= p.slo_target and not p90_breach:
             # The SLO asks that slo_target of requests be served in time, not all: while it is met,
             # the warm pool covers that share of the peak forecast within a cold start (an upper
