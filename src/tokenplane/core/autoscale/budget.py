@@ -74,9 +74,9 @@ class SizeRecord(msgspec.Struct, frozen=True):
         )
 
     def worst_at(self, signal: PoolSignal, load_now: float) -> float:
-        """The worst window seen at the load ``load_now`` (in :func:`load`'s unit now) or a little
-        more: over the band of ``load_now`` and the one above, else the nearest band above that was
-        measured, else the worst window ever (a record measured only below: not carried anyway)."""
+        """The worst window seen at the load ``load_now`` (in :func:`load`'s unit now): in the band
+        of ``load_now``, else in the nearest band above it that was measured, else the worst window
+        ever (a record measured only below: not carried anyway)."""
         unit, key = signal.prompt_tokens_per_s is not None, band(load_now)
         above = sorted((k, w) for u, k, w in self.bands if u == unit and k >= key)
         if not above:
