@@ -78,11 +78,10 @@ class SizeRecord(msgspec.Struct, frozen=True):
         of ``load_now``, else in the nearest band above it that was measured, else the worst window
         ever (a record measured only below: not carried anyway)."""
         unit, key = signal.prompt_tokens_per_s is not None, band(load_now)
-        above = sorted((k, w) for u, k, w in self.bands if u == unit and k >= key)
-        if not above:
-            return self.worst_attainment
-        near = [w for k, w in above if k == key]
-        return min(near) if near else above[0][1]
+        # One entry per (unit, band): the lowest band at or above the load's is its own, else the
+        # nearest measured above.
+        above = [(k, w) for u, k, w in self.bands if u == unit and k >= key]
+        return min(above)[1] if above else self.worst_attainment
 
 
 BAND_RATIO = 1.1  # load bands: each 10 % above the one below
@@ -133,13 +132,8 @@ def observe_budget(budget: SloBudget, signal: PoolSignal, spec: PoolSpec, *, int
     sizes = budget.sizes
     settled = spec.cold_start_s + (spec.ttft_slo_s or 0.0) + interval_s
     if att is not None and ready > 0 and signal.now - since >= settled:
-        old = budget.record(ready)
-        if old is None:
-            rec = SizeRecord(
-                ready, att, recent_rate(signal), signal.prompt_tokens_per_s, _banded((), signal, att)
-            )
-        else:
-            rec = old.observed(signal, att)
+        old = budget.record(ready) or SizeRecord(ready, 1.0, 0.0)  # never seen: nothing measured
+        rec = old.observed(signal, att)
         sizes = (*(r for r in sizes if r.size != ready), rec)
     return SloBudget(met, seen, sizes, ready, since)
 
