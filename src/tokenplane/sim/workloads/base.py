@@ -14,6 +14,9 @@ import msgspec
 
 from tokenplane.core.views import WorkflowContext
 
+DEFAULT_HASH_BLOCK_TOKENS = 512
+"""Prompt tokens per ``block_hashes`` entry unless a workload says otherwise (Mooncake's block)."""
+
 
 class RequestSpec(msgspec.Struct, frozen=True, gc=False):
     """One model call as the workload defines it.
@@ -33,7 +36,7 @@ class RequestSpec(msgspec.Struct, frozen=True, gc=False):
     prompt_tokens: int
     output_tokens: int
     block_hashes: tuple[int, ...] = ()
-    hash_block_tokens: int = 512
+    hash_block_tokens: int = DEFAULT_HASH_BLOCK_TOKENS
     tenant: str = "default"
     model: str = ""
     max_output_tokens: int = 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokenplane.sim.workloads.base import RequestSpec
+from tokenplane.sim.workloads.base import DEFAULT_HASH_BLOCK_TOKENS, RequestSpec
 
 __all__ = ["TraceReplay"]
 
@@ -36,7 +36,7 @@ class TraceReplay:
         prompt_tokens: int,
         output_tokens: int,
         block_hashes: tuple[int, ...] = (),
-        hash_block_tokens: int = 512,
+        hash_block_tokens: int = DEFAULT_HASH_BLOCK_TOKENS,
     ) -> RequestSpec:
         """A row's request: at least one token in and out, and the client asks for what the trace
         generated."""
