@@ -122,7 +122,7 @@ def test_a_size_is_not_recorded_before_it_has_settled() -> None:
     budget = observe_budget(
         budget, pool(7, rate=14.0, tokens=None, attainment=0.9, now=90.0), SPEC, interval_s=15.0
     )
-    assert budget.record(7) == SizeRecord(7, 0.9, 14.0, None, ((False, band(14.0), 0.9),))
+    assert budget.record(7) == SizeRecord(7, 0.9, 14.0, None, ((False, band(14.0), 0.9),), 0.9 * 210.0, 210.0)
 
 
 def scaler_with(budget: SloBudget) -> TokenplaneScaler:
@@ -286,3 +286,99 @@ def test_the_afforded_size_caps_the_warm_pool_the_remembered_bursts_ask_for() ->
     unafforded._state = msgspec.structs.replace(scaler.state, slo_budget=SloBudget())
     decision = unafforded.decide(pool(8, rate=14.5, tokens=150_000.0, attainment=0.97), SPEC, now=1000.0)
     assert decision.target_serving + decision.target_warm > 8  # the burst memory, uncapped
+
+
+def test_the_size_above_earns_back_over_the_rest_of_the_period() -> None:
+    """Behind the target (bank -30 requests), 8 -> 7 is afforded only when the SLO is judged over a
+    period and 8, measured at this load at 0.98 on average, will earn the cost of 7's worst window
+    back before it ends: 0.03 x 14.5 x (600 - 75) = 228 requests cover 0.05 x 14.5 x 75 = 54 + 30."""
+    seven = SizeRecord(7, 0.90, 14.5, 160_000.0)
+    eight = SizeRecord(8, 0.96, 14.5, 160_000.0, met=980.0, seen=1000.0)
+    behind = SloBudget(met=9_470.0, seen=10_000.0, sizes=(seven, eight))
+    at_eight = pool(8, rate=14.5, tokens=150_000.0, attainment=0.97)
+    assert affordable_size(behind, 8, at_eight, target=0.95, horizon_s=75.0) is None
+    assert affordable_size(behind, 8, at_eight, target=0.95, horizon_s=75.0, remaining_s=600.0) == 7
+    # Too little of the period left to earn it back: 0.03 x 14.5 x (200 - 75) = 54 < 84.
+    assert affordable_size(behind, 8, at_eight, target=0.95, horizon_s=75.0, remaining_s=200.0) is None
+    # The size above earns nothing at a load it was not measured at, nor when it is under the target.
+    heavier = pool(8, rate=14.5, tokens=170_000.0, attainment=0.97)
+    assert affordable_size(behind, 8, heavier, target=0.95, horizon_s=75.0, remaining_s=600.0) is None
+    short = msgspec.structs.replace(eight, met=940.0)
+    poor = msgspec.structs.replace(behind, sizes=(seven, short))
+    assert affordable_size(poor, 8, at_eight, target=0.95, horizon_s=75.0, remaining_s=600.0) is None
+    # Through the scaler: the period comes from the params and the clock (now 1000 in a 1600 s period).
+    periodic = scaler_with(behind)
+    periodic.params = msgspec.structs.replace(RULES, slo_period_s=1600.0)
+    assert scaler_with(behind).decide(at_eight, SPEC, now=1000.0).target_serving == 8
+    assert periodic.decide(at_eight, SPEC, now=1000.0).target_serving == 7
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(
+        st.builds(
+            SizeRecord,
+            st.integers(1, 12),
+            st.floats(0.0, 1.0),
+            st.floats(0.0, 100.0),
+            st.none() | st.floats(0.0, 1e6),
+            met=st.floats(0.0, 1e4),
+            seen=st.floats(0.0, 1e4),
+        ),
+        max_size=6,
+        unique_by=lambda r: r.size,
+    ),
+    met=st.floats(0.0, 1e5),
+    seen=st.floats(0.0, 1e5),
+    n=st.integers(1, 13),
+    rate=st.floats(0.1, 100.0),
+    tokens=st.none() | st.floats(0.0, 1e6),
+    remaining=st.floats(0.0, 7200.0),
+)
+def test_a_period_only_adds_what_a_measured_size_above_earns(
+    sizes: list[SizeRecord],
+    met: float,
+    seen: float,
+    n: int,
+    rate: float,
+    tokens: float | None,
+    remaining: float,
+) -> None:
+    """With a period, every size afforded without one still is; a size afforded only with it has a
+    size above measured at the load now whose mean attainment beats the target, and the bank plus
+    that size's earnings over the rest of the period (after the horizon) pay for the horizon."""
+    budget = SloBudget(met, seen, tuple(sizes))
+    signal = pool(n, rate=rate, tokens=tokens, attainment=1.0)
+    bare = affordable_size(budget, n, signal, target=0.95, horizon_s=75.0)
+    size = affordable_size(budget, n, signal, target=0.95, horizon_s=75.0, remaining_s=remaining)
+    if bare is not None:
+        assert size is not None and size <= bare
+    if size is None or size == bare:
+        return
+    rec, above = budget.record(size), budget.record(size + 1)
+    assert rec is not None and carried(rec, signal)
+    assert above is not None and carried(above, signal) and remaining > 75.0
+    mean = above.mean_attainment()
+    assert mean is not None and mean > 0.95
+    earned = (mean - 0.95) * recent_rate(signal) * (remaining - 75.0)
+    cost = (0.95 - rec.worst_at(signal, load(signal))) * recent_rate(signal) * 75.0
+    assert budget.banked(0.95) + earned > 0 and budget.banked(0.95) + earned >= cost - 1e-6
+
+
+def test_the_bank_starts_again_with_each_period_and_the_records_carry_over() -> None:
+    budget = SloBudget()
+    for t in (0.0, 90.0, 180.0):
+        signal = pool(4, rate=10.0, tokens=None, attainment=0.9, now=t)
+        budget = observe_budget(budget, signal, SPEC, interval_s=15.0, period_s=200.0)
+    assert budget.seen == pytest.approx(3 * 150.0) and budget.period == 0
+    nxt = observe_budget(
+        budget, pool(4, rate=10.0, tokens=None, attainment=1.0, now=210.0), SPEC, interval_s=15.0, period_s=200.0
+    )
+    assert nxt.period == 1 and nxt.seen == pytest.approx(150.0) and nxt.met == pytest.approx(150.0)
+    four = nxt.record(4)
+    assert four is not None and four.worst_attainment == 0.9 and four.seen == pytest.approx(3 * 150.0)
+    # Without a period the bank runs on.
+    whole = SloBudget()
+    for t in (0.0, 90.0, 180.0, 210.0):
+        whole = observe_budget(whole, pool(4, rate=10.0, tokens=None, attainment=1.0, now=t), SPEC, interval_s=15.0)
+    assert whole.seen == pytest.approx(4 * 150.0) and whole.period is None

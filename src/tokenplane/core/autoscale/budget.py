@@ -25,6 +25,15 @@ record is compared with the load now in the unit the signal has now (:func:`carr
 tokens/s when measured, else arrivals/s); a record with no maximum in that unit has not been
 measured at the load now.
 
+With ``slo_period_s`` (the SLO judged per period, not over the whole run: the twin's suite judges
+each run as one period) the bank starts again with each period, and it may also count what the size
+above will earn back before the period ends: if the pool runs one short for the horizon and then
+returns to that size, the size's mean attainment over the target, measured at the load now, times
+the requests left in the period after the horizon (at the rate now). A size above never measured at
+the load now earns nothing; near the period's end the rule is the bank's alone. Periods are
+consecutive ``slo_period_s`` of the clock the shell stamps its signals with (the twin: from the
+run's start).
+
 State is a few floats per pool size; every function is pure.
 """
 
@@ -59,8 +68,13 @@ class SizeRecord(msgspec.Struct, frozen=True):
     max_prompt_tps: float | None = None  # most prompt tokens/s carried; None: never measured
     # The worst window per load band: (in prompt tokens/s?, :func:`band` of :func:`load`, worst).
     bands: tuple[tuple[bool, int, float], ...] = ()
+    met: float = 0.0  # requests estimated to have met the SLO at this size (settled windows)
+    seen: float = 0.0  # requests estimated to have been judged at this size
 
-    def observed(self, signal: PoolSignal, attainment: float) -> SizeRecord:
+    def mean_attainment(self) -> float | None:
+        return self.met / self.seen if self.seen > 0 else None
+
+    def observed(self, signal: PoolSignal, attainment: float, weight: float = 0.0) -> SizeRecord:
         """This record after one more settled window at its size."""
         tps = signal.prompt_tokens_per_s
         if tps is not None and self.max_prompt_tps is not None:
@@ -71,6 +85,8 @@ class SizeRecord(msgspec.Struct, frozen=True):
             max(self.max_rps, recent_rate(signal)),
             self.max_prompt_tps if tps is None else tps,
             _banded(self.bands, signal, attainment),
+            self.met + attainment * weight,
+            self.seen + weight,
         )
 
     def worst_at(self, signal: PoolSignal, load_now: float) -> float:
@@ -109,6 +125,7 @@ class SloBudget(msgspec.Struct, frozen=True):
     sizes: tuple[SizeRecord, ...] = ()
     ready: int | None = None  # ready pool size at the last signal
     ready_since_s: float | None = None  # when it became that size
+    period: int | None = None  # which SLO period the bank is for (``now // period_s``)
 
     def banked(self, target: float) -> float:
         """Requests the run can still miss and meet ``target`` (negative: behind)."""
@@ -118,13 +135,20 @@ class SloBudget(msgspec.Struct, frozen=True):
         return next((r for r in self.sizes if r.size == size), None)
 
 
-def observe_budget(budget: SloBudget, signal: PoolSignal, spec: PoolSpec, *, interval_s: float) -> SloBudget:
-    """The budget after one signal."""
+def observe_budget(
+    budget: SloBudget, signal: PoolSignal, spec: PoolSpec, *, interval_s: float, period_s: float | None = None
+) -> SloBudget:
+    """The budget after one signal; with ``period_s`` the bank starts again at each period
+    (periods are ``[k × period_s, (k + 1) × period_s)`` of the clock the signal is stamped with),
+    what each size was seen to do carries over."""
     ready = sum(1 for v in signal.serving if v.ready and v.healthy)
     since = budget.ready_since_s
     if ready != budget.ready or since is None:
         since = signal.now
     met, seen = budget.met, budget.seen
+    period = None if period_s is None else math.floor(signal.now / period_s)
+    if period != budget.period:
+        met, seen = 0.0, 0.0
     att, served = signal.ttft_attainment, signal.throughput_rps
     if att is not None and served is not None and served > 0:
         weight = served * interval_s
@@ -133,26 +157,48 @@ def observe_budget(budget: SloBudget, signal: PoolSignal, spec: PoolSpec, *, int
     settled = spec.cold_start_s + (spec.ttft_slo_s or 0.0) + interval_s
     if att is not None and ready > 0 and signal.now - since >= settled:
         old = budget.record(ready) or SizeRecord(ready, 1.0, 0.0)  # never seen: nothing measured
-        rec = old.observed(signal, att)
+        rec = old.observed(signal, att, (served or 0.0) * interval_s)
         sizes = (*(r for r in sizes if r.size != ready), rec)
-    return SloBudget(met, seen, sizes, ready, since)
+    return SloBudget(met, seen, sizes, ready, since, period)
 
 
 def affordable_size(
-    budget: SloBudget, n: int, signal: PoolSignal, *, target: float, horizon_s: float
+    budget: SloBudget,
+    n: int,
+    signal: PoolSignal,
+    *,
+    target: float,
+    horizon_s: float,
+    remaining_s: float | None = None,
 ) -> int | None:
     """The smallest of ``n - 1`` and ``n`` measured at the load now or more, whose worst window at
     the load now (:meth:`SizeRecord.worst_at`) the bank covers for ``horizon_s`` at the arrival rate
-    now (``None``: neither; nothing changes)."""
+    now (``None``: neither; nothing changes).
+
+    With ``remaining_s`` (the time left in the period the SLO is judged over), the bank also counts
+    what the size above will earn back over the rest of the period if the pool returns to it after
+    the horizon: its worst window at the load now over the target, at the rate now; only a size
+    above that was measured at the load now earns anything."""
     bank, rate_rps, load_now = budget.banked(target), recent_rate(signal), load(signal)
     for size in (n - 1, n):
         rec = budget.record(size)
         if size < 1 or rec is None or not carried(rec, signal):
             continue
         cost = max(0.0, target - rec.worst_at(signal, load_now)) * rate_rps * horizon_s
-        if bank > 0 and bank >= cost:
+        credit = bank + _earned(budget.record(size + 1), signal, target, remaining_s, horizon_s)
+        if credit > 0 and credit >= cost:
             return size
     return None
+
+
+def _earned(
+    above: SizeRecord | None, signal: PoolSignal, target: float, remaining_s: float | None, horizon_s: float
+) -> float:
+    if remaining_s is None or above is None or not carried(above, signal):
+        return 0.0
+    mean = above.mean_attainment()
+    margin = 0.0 if mean is None else mean - target
+    return max(0.0, margin) * recent_rate(signal) * max(0.0, remaining_s - horizon_s)
 
 
 def recent_rate(signal: PoolSignal) -> float:

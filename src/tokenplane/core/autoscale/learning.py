@@ -54,7 +54,9 @@ def learn(state: ScalerState, p: TokenplaneParams, signal: PoolSignal, spec: Poo
                     memory = BurstMemory(memory.samples, half_life)
                 state = msgspec.structs.replace(state, **{field: memory.add(sample)})
     if p.slo_budget:
-        budget = observe_budget(state.slo_budget, signal, spec, interval_s=p.decision_interval_s)
+        budget = observe_budget(
+            state.slo_budget, signal, spec, interval_s=p.decision_interval_s, period_s=p.slo_period_s
+        )
         state = msgspec.structs.replace(state, slo_budget=budget)
     if not p.learn_capacity:
         return state

@@ -51,8 +51,9 @@ in seconds rather than by a cold start), ``scale_down_step_fraction`` 0.25, ``de
 15, ``forecast_alpha`` 0.5, ``forecast_beta`` 0.3, ``forecast_phi`` 0.9, ``burst_k`` 1.5,
 ``learn_capacity`` true, ``capacity_learn_rate`` 0.2, ``capacity_bound`` 8, ``capacity_prior_weight``
 2, ``capacity_probe`` 0.25, ``comfort_fraction`` 0.5, ``probe_load_gate`` 0.3, ``learn_burstiness``
-true, ``burst_half_life_s`` (2 × ``stabilisation_s``), ``park_drained`` true; the evidence rules
-above (false). Parsing and checks: :mod:`tokenplane_params`.
+true, ``burst_half_life_s`` (2 × ``stabilisation_s``), ``park_drained`` true, ``slo_period_s``
+(none: the period the SLO is judged over, read by ``slo_budget``); the evidence rules above
+(false). Parsing and checks: :mod:`tokenplane_params`.
 
 Evidence rules (params, default false; ``bench/autoscale_suite.py`` turns all on):
 ``symmetric_bursts``, ``capacity_lower_bounds``, ``trust_latency``, ``queue_buffer``,
@@ -231,7 +232,11 @@ class TokenplaneScaler:
         # smallest size the run's banked SLO margin pays for; the measured ones (SLO, KV) are not.
         if p.slo_budget and n > 0:
             h_cold = horizons(spec, p.decision_interval_s)[1]
-            size = affordable_size(state.slo_budget, n, signal, target=p.slo_target, horizon_s=h_cold)
+            period = p.slo_period_s
+            remaining = None if period is None else period - now % period
+            size = affordable_size(
+                state.slo_budget, n, signal, target=p.slo_target, horizon_s=h_cold, remaining_s=remaining
+            )
             afford = (n if at_risk else size) if size is not None else 1 << 30
         else:
             afford = 1 << 30

@@ -48,6 +48,7 @@ class TokenplaneParams(msgspec.Struct, frozen=True):
     warm_slo_share: bool = False
     cancel_warming: bool = False
     slo_budget: bool = False
+    slo_period_s: float | None = None  # None: the bank alone (see :mod:`.budget`)
 
     def __post_init__(self) -> None:
         if not 0 < self.target_utilisation <= 1:
@@ -66,6 +67,8 @@ class TokenplaneParams(msgspec.Struct, frozen=True):
             raise ValueError("need 0 < forecast_alpha <= 1, 0 <= forecast_beta <= 1, 0 <= forecast_phi <= 1")
         if self.capacity_bound < 1:
             raise ValueError(f"capacity_bound must be >= 1, got {self.capacity_bound}")
+        if self.slo_period_s is not None and not self.slo_period_s > 0:
+            raise ValueError(f"slo_period_s must be > 0, got {self.slo_period_s}")
         if self.burst_half_life_s is not None and not self.burst_half_life_s > 0:
             raise ValueError(f"burst_half_life_s must be > 0, got {self.burst_half_life_s}")
         if not 0 < self.capacity_learn_rate <= 1:
@@ -119,7 +122,7 @@ BOOL_PARAMS = (
 def read_params(params: Mapping[str, Any]) -> TokenplaneParams:
     """A scenario's ``params`` for the ``tokenplane`` autoscaler, checked (unknown keys refused)."""
     reader = ParamReader(
-        "autoscaler 'tokenplane'", params, (*FLOAT_PARAMS, *BOOL_PARAMS, "burst_half_life_s")
+        "autoscaler 'tokenplane'", params, (*FLOAT_PARAMS, *BOOL_PARAMS, "burst_half_life_s", "slo_period_s")
     )
     defaults = TokenplaneParams()
     values: dict[str, Any] = {}
@@ -133,4 +136,6 @@ def read_params(params: Mapping[str, Any]) -> TokenplaneParams:
         values["burst_half_life_s"] = reader.float_(
             "burst_half_life_s", 900.0, min_value=0.0, exclusive_min=True
         )
+    if reader.has("slo_period_s"):
+        values["slo_period_s"] = reader.float_("slo_period_s", 3600.0, min_value=0.0, exclusive_min=True)
     return TokenplaneParams(**values)
