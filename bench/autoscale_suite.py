@@ -212,6 +212,7 @@ import argparse
 import copy
 import hashlib
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -221,6 +222,7 @@ import yaml
 
 from tokenplane.sim.runner import run_scenario
 from tokenplane.sim.scenario import parse_scenario
+from tokenplane.sim.workloads.factory import build_workload
 from tokenplane.sim.workloads.traces import traces_dir
 
 SLO_TARGET = 0.95
@@ -370,6 +372,20 @@ def run_one(doc: dict[str, Any], traces: Path | None) -> dict[str, Any]:
     }
 
 
+def slo_period_s(wl: dict[str, Any], seed: int, traces: Path | None) -> float:
+    """The period the suite judges the SLO over: the whole run, to its last arrival."""
+    last = 0.0
+    for spec in build_workload(wl["workload"], traces=traces, seed=seed).arrivals():
+        last = spec.arrival_s
+    return float(max(math.ceil(last), 1))
+
+
+def with_period(period_s: float) -> dict[str, dict[str, Any]]:
+    """``SCALERS`` with the tokenplane scaler told the SLO's period (the HPAs have no such input)."""
+    tp = SCALERS["tokenplane"]
+    return {**SCALERS, "tokenplane": {**tp, "params": {**tp["params"], "slo_period_s": period_s}}}
+
+
 def static_best(name: str, wl: dict[str, Any], seed: int, traces: Path | None) -> dict[str, Any]:
     """Bisection for the smallest static fleet meeting the target (attainment rises with size)."""
     lo, hi = 1, int(wl["fleet"]["instances"])
@@ -441,12 +457,16 @@ def main(argv: list[str] | None = None) -> int:
         if needs is not None and (folder is None or not (folder / needs).exists()):
             result["skipped"][name] = f"trace {needs} not found under {folder}"
             continue
-        if args.write_scenarios:
-            write_scenario(Path(args.write_scenarios), name, wl, args.seed)
         row: dict[str, Any] = {}
         best = static_best(name, wl, args.seed, folder)
-        for label, scaler in SCALERS.items():
-            started = {**scaler, "initial_serving": best["instances"]}
+        period = slo_period_s(wl, args.seed, folder)
+        scalers = {
+            label: {**scaler, "initial_serving": best["instances"]}
+            for label, scaler in with_period(period).items()
+        }
+        if args.write_scenarios:
+            write_scenario(Path(args.write_scenarios), name, wl, args.seed, scalers)
+        for label, started in scalers.items():
             doc = scenario_doc(name, wl, started, args.seed)
             row[label] = run_one(doc, folder) if label == "tokenplane" else _cached_run(doc, folder)
         row["static-best"] = best
@@ -460,10 +480,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def write_scenario(folder: Path, name: str, wl: dict[str, Any], seed: int) -> None:
+def write_scenario(
+    folder: Path, name: str, wl: dict[str, Any], seed: int, scalers: dict[str, dict[str, Any]]
+) -> None:
+    """``NAME.yaml``: the workload with one run per scaler, as the suite ran them (each run's
+    autoscaler whole: runs deep-merge over the base, so the base holds only what they share)."""
     folder.mkdir(parents=True, exist_ok=True)
-    doc = scenario_doc(name, wl, SCALERS["tokenplane"], seed)
-    doc["runs"] = [{"name": k, "autoscaler": v} for k, v in SCALERS.items()]
+    doc = scenario_doc(name, wl, {}, seed)
+    doc["runs"] = [{"name": k, "autoscaler": v} for k, v in scalers.items()]
     (folder / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 
 

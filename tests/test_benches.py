@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "gateway_inproc.py"
 
@@ -82,3 +83,33 @@ def test_gateway_overhead_json_has_the_issues_fields_and_interleaved_bare_rounds
         assert s["errors"] == 0 and s["rps"] > 0 and s["gateway_cpu_ms_per_req"] > 0
         assert s["ab_rounds"] == 2 and s["cpu_ratio_gateway_over_bare_median"] > 0
     assert out["summary"]["cpu_ratio_gateway_over_bare_c32_rounds_median"] > 0
+
+
+SUITE = BENCH.with_name("autoscale_suite.py")
+
+
+def test_autoscale_suite_compares_every_scaler_and_writes_scenarios_the_twin_runs(tmp_path: Path) -> None:
+    """A short generated workload (no traces needed): the JSON shape the issue names, the static
+    fleet found by the harness, and a scenario file carrying the SLO period, which the twin runs."""
+    args = [sys.executable, str(SUITE), "--json", "--minutes", "3", "--only", "bursty-cv4"]
+    args += ["--write-scenarios", str(tmp_path / "sc"), "--traces", str(tmp_path / "none")]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(proc.stdout)["workloads"]["bursty-cv4"]
+    for label in ("tokenplane", "hpa", "hpa-kv", "static-best"):
+        assert row[label]["gpu_hours"] > 0 and 0 <= row[label]["slo_attainment"] <= 1
+    assert row["static-best"]["meets"] and row["static-best"]["slo_attainment"] >= 0.95
+    assert row["verdict"]["gpu_hours_vs_static_best"] == round(
+        row["tokenplane"]["gpu_hours"] / row["static-best"]["gpu_hours"], 3
+    )
+    from tokenplane.sim.runner import run_scenario
+    from tokenplane.sim.scenario import load_scenario
+
+    scenario = tmp_path / "sc" / "bursty-cv4.yaml"
+    runs = {r["name"]: r["autoscaler"] for r in yaml.safe_load(scenario.read_text())["runs"]}
+    assert 170 <= runs["tokenplane"]["params"]["slo_period_s"] <= 180  # the last arrival, in 3 minutes
+    outcomes = run_scenario(load_scenario(scenario))
+    assert set(outcomes) == {"tokenplane", "hpa", "hpa-kv"}
+    for label, outcome in outcomes.items():  # the file reproduces the suite's rows
+        assert round(outcome.report["gpu_hours"], 4) == row[label]["gpu_hours"]
+        assert round(outcome.report["ttft_slo_attainment"], 4) == row[label]["slo_attainment"]
