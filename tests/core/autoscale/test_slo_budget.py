@@ -372,7 +372,11 @@ def test_the_bank_starts_again_with_each_period_and_the_records_carry_over() -> 
         budget = observe_budget(budget, signal, SPEC, interval_s=15.0, period_s=200.0)
     assert budget.seen == pytest.approx(3 * 150.0) and budget.period == 0
     nxt = observe_budget(
-        budget, pool(4, rate=10.0, tokens=None, attainment=1.0, now=210.0), SPEC, interval_s=15.0, period_s=200.0
+        budget,
+        pool(4, rate=10.0, tokens=None, attainment=1.0, now=210.0),
+        SPEC,
+        interval_s=15.0,
+        period_s=200.0,
     )
     assert nxt.period == 1 and nxt.seen == pytest.approx(150.0) and nxt.met == pytest.approx(150.0)
     four = nxt.record(4)
@@ -380,5 +384,7 @@ def test_the_bank_starts_again_with_each_period_and_the_records_carry_over() -> 
     # Without a period the bank runs on.
     whole = SloBudget()
     for t in (0.0, 90.0, 180.0, 210.0):
-        whole = observe_budget(whole, pool(4, rate=10.0, tokens=None, attainment=1.0, now=t), SPEC, interval_s=15.0)
+        whole = observe_budget(
+            whole, pool(4, rate=10.0, tokens=None, attainment=1.0, now=t), SPEC, interval_s=15.0
+        )
     assert whole.seen == pytest.approx(4 * 150.0) and whole.period is None

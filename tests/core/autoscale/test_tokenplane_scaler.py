@@ -13,6 +13,8 @@ from tokenplane.core.autoscale import (
     TokenplaneParams,
     TokenplaneScaler,
 )
+from tokenplane.core.autoscale.tokenplane_params import read_params
+from tokenplane.core.errors import InvalidPolicyConfig
 from tokenplane.core.views import InstanceView
 
 SPEC = PoolSpec(
@@ -233,6 +235,11 @@ def test_params_are_validated() -> None:
         TokenplaneParams(target_utilisation=1.5)
     with pytest.raises(ValueError, match="kv_target"):
         TokenplaneParams(kv_target=0.95, kv_high=0.9)
+    with pytest.raises(ValueError, match="slo_period_s"):
+        TokenplaneParams(slo_period_s=0.0)
+    assert read_params({"slo_period_s": 3600}).slo_period_s == 3600.0
+    with pytest.raises(InvalidPolicyConfig, match="slo_period_s"):
+        read_params({"slo_period_s": -1})
 
 
 def test_a_drained_backlog_is_not_remembered_by_the_stabilisation_window() -> None:
