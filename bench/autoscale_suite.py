@@ -74,19 +74,10 @@ deeper in debt and the sixth stays to t = 1245 s, then the warm pool churns for 
 burst (1.069 -> 1.111, over the 0.005 any cell may worsen). KV use at 0.97 is a leading signal
 that the worst windows a size was measured at do not show.
 
-The figures before ``slo_period_s`` (the bank alone), with the twin's engine reserving a whole
-prompt's KV at admission and keeping a preempted request's blocks cached (as vLLM 0.19 does; merge
-0f6ec88):
-
-    workload      seed 1          seed 2          seed 3          seed 9          static-best n
-    azure-x4      1.000 / 100.0   1.000 / 100.0   1.000 / 100.0   1.000 / 100.0   2 / 2 / 2 / 2
-    azure-x8      1.000 /  99.6   1.000 /  99.6   1.000 /  99.6   1.000 /  99.6   3 / 3 / 3 / 3
-    servegen-x8   1.062 /  99.5   1.072 /  98.3   1.024 /  97.7   1.061 /  98.9   5 / 5 / 5 / 5
-    servegen-x16  1.016 /  99.2   1.021 /  98.5   1.006 /  99.6   1.010 /  99.7   10 / 10 / 10 / 10
-    mooncake-x2   1.016 /  95.6   1.016 /  95.6   1.016 /  95.6   1.016 /  95.6   4 / 4 / 4 / 4
-    mooncake-x4   1.082 /  96.2   1.082 /  96.2   1.082 /  96.2   1.082 /  96.2   7 / 7 / 7 / 7
-    bursty-cv4    1.000 / 100.0   1.000 / 100.0   1.000 / 100.0   1.002 / 100.0   4 / 4 / 4 / 4
-    bursty-cv10   1.000 / 100.0   1.000 / 100.0   1.000 / 100.0   1.002 / 100.0   4 / 4 / 4 / 4
+Before ``slo_period_s`` (the bank alone; the twin's engine reserving a whole prompt's KV at
+admission and keeping a preempted request's blocks cached, as vLLM 0.19 does, merge 0f6ec88) the
+table was the same but for servegen-x8 seed 2 1.072 and seed 9 1.061, and mooncake-x4 1.082 / 96.2
+on every seed.
 
 With ``slo_budget`` priced at the load now (:mod:`tokenplane.core.autoscale.budget`: each size keeps
 its worst window per load band, 10 % wide, and going down to it costs the worst window of the band

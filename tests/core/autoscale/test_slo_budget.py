@@ -57,42 +57,42 @@ records = st.builds(
     st.floats(0.0, 100.0),
     st.none() | st.floats(0.0, 1e6),
     st.lists(st.tuples(st.booleans(), st.integers(-10, 160), st.floats(0.0, 1.0)), max_size=6).map(tuple),
+    met=st.floats(0.0, 1e4),
+    seen=st.floats(0.0, 1e4),
 )
+
+
+@st.composite
+def budgets_now(draw: st.DrawFn) -> tuple[SloBudget, int, PoolSignal]:
+    """A budget, a pool size and the pool's signal now: what the affordability properties read."""
+    sizes = draw(st.lists(records, max_size=6, unique_by=lambda r: r.size))
+    budget = SloBudget(draw(st.floats(0.0, 1e5)), draw(st.floats(0.0, 1e5)), tuple(sizes))
+    n, rate = draw(st.integers(1, 13)), draw(st.floats(0.1, 100.0))
+    return budget, n, pool(n, rate=rate, tokens=draw(st.none() | st.floats(0.0, 1e6)), attainment=1.0)
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    sizes=st.lists(records, max_size=6, unique_by=lambda r: r.size),
-    met=st.floats(0.0, 1e5),
-    seen=st.floats(0.0, 1e5),
-    n=st.integers(1, 13),
-    rate=st.floats(0.1, 100.0),
-    tokens=st.none() | st.floats(0.0, 1e6),
-    horizon=st.floats(1.0, 900.0),
-)
+@given(case=budgets_now(), horizon=st.floats(1.0, 900.0))
 def test_only_a_size_measured_at_this_load_and_paid_for_is_afforded(
-    sizes: list[SizeRecord],
-    met: float,
-    seen: float,
-    n: int,
-    rate: float,
-    tokens: float | None,
-    horizon: float,
+    case: tuple[SloBudget, int, PoolSignal], horizon: float
 ) -> None:
-    budget = SloBudget(met, seen, tuple(sizes))
-    signal = pool(n, rate=rate, tokens=tokens, attainment=1.0)
+    budget, n, signal = case
     size = affordable_size(budget, n, signal, target=0.95, horizon_s=horizon)
     if size is None:
         return
     assert size in (n - 1, n) and size >= 1
     rec = budget.record(size)
     assert rec is not None and carried(rec, signal)
+    tokens = signal.prompt_tokens_per_s
     if tokens is None:
         assert rec.max_rps >= recent_rate(signal)
     else:  # like with like: a record never measured in prompt tokens/s is not afforded on them
         assert rec.max_prompt_tps is not None and rec.max_prompt_tps >= tokens
     bank = budget.banked(0.95)
-    assert bank > 0 and bank >= (0.95 - rec.worst_at(signal, load(signal))) * rate * horizon - 1e-9
+    assert (
+        bank > 0
+        and bank >= (0.95 - rec.worst_at(signal, load(signal))) * recent_rate(signal) * horizon - 1e-9
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -314,41 +314,14 @@ def test_the_size_above_earns_back_over_the_rest_of_the_period() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    sizes=st.lists(
-        st.builds(
-            SizeRecord,
-            st.integers(1, 12),
-            st.floats(0.0, 1.0),
-            st.floats(0.0, 100.0),
-            st.none() | st.floats(0.0, 1e6),
-            met=st.floats(0.0, 1e4),
-            seen=st.floats(0.0, 1e4),
-        ),
-        max_size=6,
-        unique_by=lambda r: r.size,
-    ),
-    met=st.floats(0.0, 1e5),
-    seen=st.floats(0.0, 1e5),
-    n=st.integers(1, 13),
-    rate=st.floats(0.1, 100.0),
-    tokens=st.none() | st.floats(0.0, 1e6),
-    remaining=st.floats(0.0, 7200.0),
-)
+@given(case=budgets_now(), remaining=st.floats(0.0, 7200.0))
 def test_a_period_only_adds_what_a_measured_size_above_earns(
-    sizes: list[SizeRecord],
-    met: float,
-    seen: float,
-    n: int,
-    rate: float,
-    tokens: float | None,
-    remaining: float,
+    case: tuple[SloBudget, int, PoolSignal], remaining: float
 ) -> None:
     """With a period, every size afforded without one still is; a size afforded only with it has a
     size above measured at the load now whose mean attainment beats the target, and the bank plus
     that size's earnings over the rest of the period (after the horizon) pay for the horizon."""
-    budget = SloBudget(met, seen, tuple(sizes))
-    signal = pool(n, rate=rate, tokens=tokens, attainment=1.0)
+    budget, n, signal = case
     bare = affordable_size(budget, n, signal, target=0.95, horizon_s=75.0)
     size = affordable_size(budget, n, signal, target=0.95, horizon_s=75.0, remaining_s=remaining)
     if bare is not None:
