@@ -62,6 +62,24 @@ only). With a 300 s period (the bank starting again every five minutes, less of 
 earn in; seed 1): mooncake-x4 back at 1.082 / 96.2 %, servegen-x8, servegen-x16 and mooncake-x2 as
 without a period.
 
+Untuned variants (``--variants --json --seed S --cache F``: Azure at 2x, 6x and 12x, ServeGen at
+6x, 12x and 20x, Mooncake at 1.5x, 2.5x, 3x and 5x, bursty at CV 6 / peak 3 / 300 s bursts and at CV 2
+/ peak 6 / 60 s bursts; none of them ever run while building any rule), seed 1 / seed 2, GPU-hours
+over static-best / attainment %: azure 1.000 / 100.0 on all three speeds both seeds; servegen-x6
+1.000 / 99.6, 1.012 / 99.3; servegen-x12 1.000 / 99.9, 0.924 / 99.6; servegen-x20 1.035 / 96.1,
+1.027 / 97.4; mooncake-x1.5 1.006 / 97.2, mooncake-x2.5 1.031 / 96.2, mooncake-x5 1.003 / 96.8 (both
+seeds); bursty-cv6-r3 1.000 / 100.0; bursty-cv2-r6 1.004 / 100.0, 1.000 / 100.0; no HPA variant
+beating tokenplane on both axes anywhere. **mooncake-x3 misses the SLO: 94.2 % at 0.876** (static 6
+97.1 %, static 5 92.7 %); it missed before ``slo_period_s`` too (94.2 % at 0.890; the period rule
+moved only this cell and mooncake-x2.5, 1.035 -> 1.031, of the 24). The scaler shrinks 6 -> 5 on
+the capacity estimate at t = 300 s with the run's bank near zero, and at 5 the 60 s windows
+alternate around the target (0.75-1.0), so the SLO step, which buys a cold start only when two
+decisions in a row ask for it, rarely does. Tried and not kept: while the run is behind (bank
+negative) and the pool's mean window at the load now is under the target, ask one more as a
+measured term, and do not shrink on the estimate into a size whose mean window at the load now is
+under the target unless the bank affords it: mooncake-x3 94.8 % (still short) at 0.939, and
+mooncake-x2 1.016 -> 1.047 on seed 1.
+
 Tried and not kept (``kv_budget``, left out of the code): the KV term capped at the afforded size
 while the SLO windows are met, like the estimated terms (KV use is a state a size may have been
 measured at; requiring the record's highest mean KV use to be at least today's changed nothing):
@@ -332,6 +350,26 @@ def workloads(minutes: float | None) -> dict[str, dict[str, Any]]:
     return out
 
 
+def variants() -> dict[str, dict[str, Any]]:
+    """Workloads the scaler was never tuned on (``--variants``): other speeds of the same traces
+    and other bursty shapes, each with its workload's fleet and SLO."""
+    base = workloads(None)
+
+    def variant(src: str, **changes: Any) -> dict[str, Any]:
+        wl = copy.deepcopy(base[src])
+        wl["workload"].update(changes)
+        return wl
+
+    out = {f"azure-x{k}": variant("azure-x4", time_scale=1 / k) for k in (2, 6, 12)}
+    for k in (6, 12, 20):
+        out[f"servegen-x{k}"] = variant("servegen-x8", time_scale=1 / k, duration_s=6 * 3600 / k)
+    for k in (1.5, 2.5, 3, 5):
+        out[f"mooncake-x{k}"] = variant("mooncake-x2", time_scale=1 / k)
+    out["bursty-cv6-r3"] = variant("bursty-cv4", cv=6, peak_ratio=3, burst_s=300)
+    out["bursty-cv2-r6"] = variant("bursty-cv4", cv=2, peak_ratio=6, burst_s=60, rate_rps=12)
+    return out
+
+
 def scenario_doc(name: str, wl: dict[str, Any], autoscaler: dict[str, Any], seed: int) -> dict[str, Any]:
     return {
         "name": name,
@@ -473,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=None, help="cut every workload to this many minutes")
     ap.add_argument("--only", action="append", default=None, help="run only this workload (repeatable)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--variants", action="store_true", help="run the untuned variants (other speeds and shapes) instead"
+    )
     ap.add_argument("--write-scenarios", default=None, help="write each workload's scenario file here")
     ap.add_argument(
         "--cache",
@@ -488,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = traces_dir(args.traces)
     result: dict[str, Any] = {"workloads": {}, "skipped": {}, "slo_target": SLO_TARGET}
-    for name, wl in workloads(args.minutes).items():
+    for name, wl in (variants() if args.variants else workloads(args.minutes)).items():
         if args.only and name not in args.only:
             continue
         needs = wl["needs"]
