@@ -78,7 +78,16 @@ decisions in a row ask for it, rarely does. Tried and not kept: while the run is
 negative) and the pool's mean window at the load now is under the target, ask one more as a
 measured term, and do not shrink on the estimate into a size whose mean window at the load now is
 under the target unless the bank affords it: mooncake-x3 94.8 % (still short) at 0.939, and
-mooncake-x2 1.016 -> 1.047 on seed 1.
+mooncake-x2 1.016 -> 1.047 on seed 1. Also tried and not kept, for the SLO step that never buys a
+cold start: (a) a scale-up held back by ``window_from_cold_start`` starts no cooldown and no SLO
+step interval, so the next failing decision asks again and buys: mooncake-x3 met (95.2 % at
+0.971), but on the suite mooncake-x2 1.016 -> 1.054 and mooncake-x4 1.049 -> 1.059 on every seed,
+servegen-x8 up to +0.040 (seed 5), attainment unchanged but for one cell (servegen-x8 seed 4 96.5
+-> 97.7 %): the instances land after the failing windows have passed; (b) a lasting ask for one
+more once the windows have failed at every decision for a cold start: mooncake-x3 unchanged (its
+windows at 5 alternate around the target, so no run of failures lasts a cold start; one good
+window cancels the start), mooncake-x2 1.024, mooncake-x4 1.059. A pool a little short (92.7 %
+at 5 over the run, 60 s windows between 0.75 and 1.0) shows in the run's bank, not in a window.
 
 Tried and not kept (``kv_budget``, left out of the code): the KV term capped at the afforded size
 while the SLO windows are met, like the estimated terms (KV use is a state a size may have been
