@@ -28,9 +28,9 @@ measured at the load now.
 With ``slo_period_s`` (the SLO judged per period, not over the whole run: the twin's suite judges
 each run as one period) the bank starts again with each period, and it may also count what the size
 above will earn back before the period ends: if the pool runs one short for the horizon and then
-returns to that size, the size's mean attainment over the target, measured at the load now, times
-the requests left in the period after the horizon (at the rate now). A size above never measured at
-the load now earns nothing; near the period's end the rule is the bank's alone. Periods are
+returns to that size, the size's mean attainment over its settled windows over the target, times
+the requests left in the period after the horizon (at the rate now). A size above not measured at
+the load now or more earns nothing; near the period's end the rule is the bank's alone. Periods are
 consecutive ``slo_period_s`` of the clock the shell stamps its signals with (the twin: from the
 run's start).
 
@@ -177,8 +177,8 @@ def affordable_size(
 
     With ``remaining_s`` (the time left in the period the SLO is judged over), the bank also counts
     what the size above will earn back over the rest of the period if the pool returns to it after
-    the horizon: its worst window at the load now over the target, at the rate now; only a size
-    above that was measured at the load now earns anything."""
+    the horizon: its mean settled attainment over the target, at the rate now; only a size above
+    measured at the load now or more (:func:`carried`) earns anything."""
     bank, rate_rps, load_now = budget.banked(target), recent_rate(signal), load(signal)
     for size in (n - 1, n):
         rec = budget.record(size)
