@@ -74,8 +74,8 @@ class SizeRecord(msgspec.Struct, frozen=True):
     def mean_attainment(self) -> float | None:
         return self.met / self.seen if self.seen > 0 else None
 
-    def observed(self, signal: PoolSignal, attainment: float, weight: float = 0.0) -> SizeRecord:
-        """This record after one more settled window at its size."""
+    def observed(self, signal: PoolSignal, attainment: float, weight: float) -> SizeRecord:
+        """This record after one more settled window at its size, ``weight`` requests judged."""
         tps = signal.prompt_tokens_per_s
         if tps is not None and self.max_prompt_tps is not None:
             tps = max(tps, self.max_prompt_tps)
@@ -150,14 +150,14 @@ def observe_budget(
     if period != budget.period:
         met, seen = 0.0, 0.0
     att, served = signal.ttft_attainment, signal.throughput_rps
-    if att is not None and served is not None and served > 0:
-        weight = served * interval_s
+    weight = served * interval_s if served is not None and served > 0 else 0.0
+    if att is not None and weight > 0:
         met, seen = met + att * weight, seen + weight
     sizes = budget.sizes
     settled = spec.cold_start_s + (spec.ttft_slo_s or 0.0) + interval_s
     if att is not None and ready > 0 and signal.now - since >= settled:
         old = budget.record(ready) or SizeRecord(ready, 1.0, 0.0)  # never seen: nothing measured
-        rec = old.observed(signal, att, (served or 0.0) * interval_s)
+        rec = old.observed(signal, att, weight)
         sizes = (*(r for r in sizes if r.size != ready), rec)
     return SloBudget(met, seen, sizes, ready, since, period)
 
@@ -185,20 +185,25 @@ def affordable_size(
         if size < 1 or rec is None or not carried(rec, signal):
             continue
         cost = max(0.0, target - rec.worst_at(signal, load_now)) * rate_rps * horizon_s
-        credit = bank + _earned(budget.record(size + 1), signal, target, remaining_s, horizon_s)
+        credit = bank + _earned(budget.record(size + 1), signal, target, rate_rps, remaining_s, horizon_s)
         if credit > 0 and credit >= cost:
             return size
     return None
 
 
 def _earned(
-    above: SizeRecord | None, signal: PoolSignal, target: float, remaining_s: float | None, horizon_s: float
+    above: SizeRecord | None,
+    signal: PoolSignal,
+    target: float,
+    rate_rps: float,
+    remaining_s: float | None,
+    horizon_s: float,
 ) -> float:
     if remaining_s is None or above is None or not carried(above, signal):
         return 0.0
     mean = above.mean_attainment()
     margin = 0.0 if mean is None else mean - target
-    return max(0.0, margin) * recent_rate(signal) * max(0.0, remaining_s - horizon_s)
+    return max(0.0, margin) * rate_rps * max(0.0, remaining_s - horizon_s)
 
 
 def recent_rate(signal: PoolSignal) -> float:
