@@ -262,6 +262,64 @@ def _in_memory_client(answer: list[bytes]) -> UpstreamClient:
     return UpstreamClient(connect_timeout_s=None, read_timeout_s=None, connector=connect)
 
 
+class ChainedClients:
+    """In-memory clients on a gateway's fast front, each sending its next request as soon as the
+    last answer is whole (a stream: at its closing chunk), so concurrency holds constant. The CPU
+    clock is read in the answers themselves, at the warm-up's last and at the run's last: the
+    clients chain each request off the last answer, so a whole run may finish within one tick of a
+    coroutine that polls them."""
+
+    def __init__(self, n: int, warmup: int, *, stream: bool = False) -> None:
+        self.n, self.warmup = n, warmup
+        self.stream, self.end_marker = stream, b"0\r\n\r\n" if stream else b""
+        self.answered = self.bad = 0
+        self.clock: dict[str, float] = {}  # CPU time when the warm-up ends and when the last answer lands
+        self.loop = asyncio.get_running_loop()
+        self.done = self.loop.create_future()
+
+    def start(self) -> None:
+        """Call just before the first :meth:`open`: with no warm-up, measuring starts here."""
+        if self.warmup == 0:
+            self.clock["start"] = time.process_time()
+
+    def open(self, server: GatewayServer, request: Any) -> None:
+        """One client on ``server``'s front; ``request()`` makes each request's bytes."""
+        assert server.front is not None
+        proto = server.front.protocol()
+        pending = bytearray()
+
+        def on_write(data: bytes) -> None:
+            pending.extend(data)
+            if self.stream and not pending.endswith(self.end_marker):
+                return  # the rest of the stream is to come
+            if not pending.startswith(b"HTTP/1.1 200 "):
+                self.bad += 1
+            pending.clear()
+            self.answered += 1
+            if self.answered == self.warmup:
+                self.clock["start"] = time.process_time()
+            if self.answered >= self.n + self.warmup:
+                if not self.done.done():
+                    self.clock["end"] = time.process_time()
+                    self.done.set_result(None)
+                return
+            self.loop.call_soon(proto.data_received, request())
+
+        t = _Transport(on_write)
+        t.protocol = proto
+        proto.connection_made(t)  # type: ignore[arg-type]
+        proto.data_received(request())
+
+    async def cpu_ms(self) -> float:
+        """CPU ms per measured request, once the last answer has landed."""
+        await self.done
+        return (self.clock["end"] - self.clock["start"]) / self.n * 1e3
+
+    def check(self) -> None:
+        if self.bad:
+            raise SystemExit(f"{self.bad} answers were not 200: the bench is broken")
+
+
 async def _drive(
     config: dict[str, Any],
     n: int,
@@ -278,45 +336,12 @@ async def _drive(
     server = GatewayServer(app, "127.0.0.1", 0)
     await server.start()
     app[GATEWAY_KEY].upstream_client = _in_memory_client(answer)
-    assert server.front is not None
-    loop = asyncio.get_running_loop()
     heads, tail = load._bodies(stream, 1200)
     req_head = load._request_head(auth=True)
     counter = itertools.count()
-    state = {"answered": 0, "bad": 0}
-    clock: dict[str, float] = {}  # CPU time when the warm-up ends and when the last answer lands
-    done = loop.create_future()
-    end_marker = b"0\r\n\r\n" if stream else b""
 
     def fixed_request() -> bytes:
         return load._request(req_head, heads, tail, next(counter))
-
-    def client(lane: int) -> None:
-        proto = server.front.protocol()  # type: ignore[union-attr]
-        pending = bytearray()
-        request = iter(ready[lane]).__next__ if conversations else fixed_request
-
-        def on_write(data: bytes) -> None:
-            pending.extend(data)
-            if stream and not pending.endswith(end_marker):
-                return  # the rest of the stream is to come
-            if not pending.startswith(b"HTTP/1.1 200 "):
-                state["bad"] += 1
-            pending.clear()
-            state["answered"] += 1
-            if state["answered"] == warmup:
-                clock["start"] = time.process_time()
-            if state["answered"] >= n + warmup:
-                if not done.done():
-                    clock["end"] = time.process_time()
-                    done.set_result(None)
-                return
-            loop.call_soon(proto.data_received, request())
-
-        t = _Transport(on_write)
-        t.protocol = proto
-        proto.connection_made(t)  # type: ignore[arg-type]
-        proto.data_received(request())
 
     # conversations: every body made before the first request (the same number in the short and the
     # long run under --instructions, so that making them cancels out)
@@ -329,18 +354,14 @@ async def _drive(
         if conversations
         else []
     )
-    if warmup == 0:
-        clock["start"] = time.process_time()
+    clients = ChainedClients(n, warmup, stream=stream)
+    clients.start()
     for lane in range(conc):
-        client(lane)
-    # The clients chain each request off the last answer, so the whole run may finish within one
-    # tick of this coroutine: the clock is read in the answers themselves, not by polling them.
-    await done
-    cpu = clock["end"] - clock["start"]
+        clients.open(server, iter(ready[lane]).__next__ if conversations else fixed_request)
+    cpu = await clients.cpu_ms()
     await server.close()
-    if state["bad"]:
-        raise SystemExit(f"{state['bad']} answers were not 200: the bench is broken")
-    return cpu / n * 1e3
+    clients.check()
+    return cpu
 
 
 def _instructions(src: Path | None, a: argparse.Namespace) -> float:

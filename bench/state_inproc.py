@@ -43,7 +43,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -89,52 +88,22 @@ async def _drive(cfgs: list[dict[str, Any]], n: int, warmup: int, conc: int, ans
         app[GATEWAY_KEY].upstream_client = inproc._in_memory_client(answer)
         servers.append(server)
     await freeze_startup_objects(None)  # type: ignore[arg-type]
-    loop = asyncio.get_running_loop()
     heads, tail = load._bodies(False, 1200)
     req_head = load._request_head(auth=True)
     counter = itertools.count()
-    state = {"answered": 0, "bad": 0}
-    clock: dict[str, float] = {}  # CPU time when the warm-up ends and when the last answer lands
-    done = loop.create_future()
 
     def request() -> bytes:
         return load._request(req_head, heads, tail, next(counter))
 
-    def client(server: GatewayServer) -> None:
-        assert server.front is not None
-        proto = server.front.protocol()
-
-        def on_write(data: bytes) -> None:
-            if not data.startswith(b"HTTP/1.1 200 "):
-                state["bad"] += 1
-            state["answered"] += 1
-            if state["answered"] == warmup:
-                clock["start"] = time.process_time()
-            if state["answered"] >= n + warmup:
-                if not done.done():
-                    clock["end"] = time.process_time()
-                    done.set_result(None)
-                return
-            loop.call_soon(proto.data_received, request())
-
-        t = inproc._Transport(on_write)
-        t.protocol = proto
-        proto.connection_made(t)  # type: ignore[arg-type]
-        proto.data_received(request())
-
-    if warmup == 0:
-        clock["start"] = time.process_time()
+    clients = inproc.ChainedClients(n, warmup)
+    clients.start()
     for i in range(conc):
-        client(servers[i % len(servers)])
-    # Each request is chained off the last answer, so the run may end within one tick of this
-    # coroutine: the clock is read in the answers themselves, not by polling them.
-    await done
-    cpu = clock["end"] - clock["start"]
+        clients.open(servers[i % len(servers)], request)
+    cpu = await clients.cpu_ms()
     for server in servers:
         await server.close()
-    if state["bad"]:
-        raise SystemExit(f"{state['bad']} answers were not 200: the bench is broken")
-    return cpu / n * 1e3
+    clients.check()
+    return cpu
 
 
 async def _idle(cfgs: list[dict[str, Any]], seconds: float) -> None:
