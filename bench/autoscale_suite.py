@@ -63,12 +63,14 @@ earn in; seed 1): mooncake-x4 back at 1.082 / 96.2 %, servegen-x8, servegen-x16 
 without a period.
 
 Untuned variants (``--variants --json --seed S --cache F``: Azure at 2x, 6x and 12x, ServeGen at
-6x, 12x and 20x, Mooncake at 1.5x, 2.5x, 3x and 5x, bursty at CV 6 / peak 3 / 300 s bursts and at CV 2
-/ peak 6 / 60 s bursts; none of them ever run while building any rule), seed 1 / seed 2, GPU-hours
-over static-best / attainment %: azure 1.000 / 100.0 on all three speeds both seeds; servegen-x6
-1.000 / 99.6, 1.012 / 99.3; servegen-x12 1.000 / 99.9, 0.924 / 99.6; servegen-x20 1.035 / 96.1,
-1.027 / 97.4; mooncake-x1.5 1.006 / 97.2, mooncake-x2.5 1.031 / 96.2, mooncake-x5 1.003 / 96.8 (both
-seeds); bursty-cv6-r3 1.000 / 100.0; bursty-cv2-r6 1.004 / 100.0, 1.000 / 100.0; no HPA variant
+6x, 12x and 20x, Mooncake at 1.5x, 1.75x, 2.25x, 2.5x, 2.75x, 3x, 3.25x, 3.5x, 4.5x, 5x and 6x,
+bursty at CV 6 / peak 3 / 300 s bursts and at CV 2 / peak 6 / 60 s bursts; none of them ever run
+while building any rule), seed 1 / seed 2, GPU-hours over static-best / attainment %: azure 1.000 /
+100.0 on all three speeds both seeds; servegen-x6 1.000 / 99.6, 1.012 / 99.3; servegen-x12 1.000 /
+99.9, 0.924 / 99.6; servegen-x20 1.035 / 96.1, 1.027 / 97.4; Mooncake (the replay does not depend
+on the seed) x1.5 1.006 / 97.2, x1.75 1.001 / 95.7, x2.25 1.000 / 97.2, x2.5 1.031 / 96.2, x2.75
+1.015 / 95.2, x3.25 1.037 / 96.4, x4.5 1.012 / 96.2, x5 1.003 / 96.8, x6 1.025 / 95.7;
+bursty-cv6-r3 1.000 / 100.0; bursty-cv2-r6 1.004 / 100.0, 1.000 / 100.0; no HPA variant
 beating tokenplane on both axes anywhere. **mooncake-x3 misses the SLO: 94.2 % at 0.876** (static 6
 97.1 %, static 5 92.7 %); it missed before ``slo_period_s`` too (94.2 % at 0.890; the period rule
 moved only this cell and mooncake-x2.5, 1.035 -> 1.031, of the 24). The scaler shrinks 6 -> 5 on
@@ -88,6 +90,36 @@ more once the windows have failed at every decision for a cold start: mooncake-x
 windows at 5 alternate around the target, so no run of failures lasts a cold start; one good
 window cancels the start), mooncake-x2 1.024, mooncake-x4 1.059. A pool a little short (92.7 %
 at 5 over the run, 60 s windows between 0.75 and 1.0) shows in the run's bank, not in a window.
+**mooncake-x3.5 misses too: 94.95 % at 1.059** (static 6 95.2 %): it holds 7 from t = 113 s to
+330 s, bought on the estimate in the first minutes, and 6 after, and still serves 31 requests fewer
+in time than the static six.
+
+Tried and not kept, for those two misses (Mooncake at 13 speeds, 1.5x-6x, and suite seeds 1-9; the
+period projection): while the SLO is judged over a period, ask one more as a lasting measured term
+when the bank plus the size's mean settled attainment under the target, over the rest of the
+period at the rate now, is negative (the period ends behind if the pool stays), and the size above
+was measured at the load now with a mean over the target. It meets the SLO at all 13 Mooncake
+speeds (x3 95.3 % at 0.927, x3.5 95.6 % at 1.119), but costs x1.75 1.050, x2.5 1.086, x3.25 1.082,
+mooncake-x4 1.075 (suite), and servegen-x8 1.191 on seed 2 and 1.183 on seed 6 (from 1.068 and
+1.069, attainment unchanged): the size's mean over all its windows prices a load below the one it
+was measured short at, the budget affords that size for a cold start while the projection asks one
+more, and the pool cold-starts a 70B instance every five minutes. The same with each size's mean
+kept per load band (as the worst windows are) and no shrinking into a size projected short:
+servegen-x8 seed 2 1.074, but Mooncake x3 misses again (94.8 %: the pool goes back to 5 at t =
+915 s with the bank at +109 requests and meets the run's last burst there), x4 1.117, x3.5 1.144.
+Gating the ask on a failing window: x3.5 misses (a good window cancels the cold start while it
+warms); keeping the ask while the bought instance warms: x3 misses (94.7 %). Requiring the size to
+have been measured for 1-4 cold starts of requests first: misses at x3 for 1, 2 and 4, not at 3
+(tuning, not kept). Pricing a never-measured smaller size by the worst window of the size now, paid
+from the bank alone: x3 94.7 %, mooncake-x4 1.082. What the projection cannot see: every fixed
+Mooncake pool serves 2-4 points worse in its first 4-6 minutes than after (mean window per 2
+minutes, static 7 at x4: 0.941, 0.942, then 0.955-0.984; static 4 at x2: 0.934, 0.918, 0.923, then
+0.94-0.985; static 5 at x3: 0.912, 0.861, then 0.93-0.97), at the same prompt-token load: the
+replay starts with no conversation in flight, so the first turns find no cached prefix. A size
+judged on its early windows looks short at x2 and x4 where it is not (static 4 and 7 meet the SLO)
+and the same at x3 where it is; a prefix-hit-rate signal (vLLM's prefix cache hits over queries,
+the twin's engine the same) would let the projection discount windows measured while the caches
+fill.
 
 Tried and not kept (``kv_budget``, left out of the code): the KV term capped at the afforded size
 while the SLO windows are met, like the estimated terms (KV use is a state a size may have been
@@ -372,7 +404,7 @@ def variants() -> dict[str, dict[str, Any]]:
     out = {f"azure-x{k}": variant("azure-x4", time_scale=1 / k) for k in (2, 6, 12)}
     for k in (6, 12, 20):
         out[f"servegen-x{k}"] = variant("servegen-x8", time_scale=1 / k, duration_s=6 * 3600 / k)
-    for k in (1.5, 2.5, 3, 5):
+    for k in (1.5, 1.75, 2.25, 2.5, 2.75, 3, 3.25, 3.5, 4.5, 5, 6):
         out[f"mooncake-x{k}"] = variant("mooncake-x2", time_scale=1 / k)
     out["bursty-cv6-r3"] = variant("bursty-cv4", cv=6, peak_ratio=3, burst_s=300)
     out["bursty-cv2-r6"] = variant("bursty-cv4", cv=2, peak_ratio=6, burst_s=60, rate_rps=12)
