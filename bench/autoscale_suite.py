@@ -114,13 +114,12 @@ have been measured for 1-4 cold starts of requests first: misses at x3 for 1, 2 
 from the bank alone: x3 94.7 %, mooncake-x4 1.082. What the projection cannot see: every fixed
 Mooncake pool serves 2-4 points worse in its first 4-6 minutes than after (mean window per 2
 minutes, static 7 at x4: 0.941, 0.942, then 0.955-0.984; static 4 at x2: 0.934, 0.918, 0.923, then
-0.94-0.985; static 5 at x3: 0.912, 0.861, then 0.93-0.97), at the same prompt-token load: the
-replay starts with no conversation in flight, so the first turns find no cached prefix. A size
+0.94-0.985; static 5 at x3: 0.912, 0.861, then 0.93-0.97), at the same prompt-token load. A size
 judged on its early windows looks short at x2 and x4 where it is not (static 4 and 7 meet the SLO)
-and the same at x3 where it is. Simply not recording any window of the first 300 s (or 360 s) is
-worse (x3 still misses, mooncake-x4 1.132, x3.5 1.173: the records also price the way down); a
-prefix-hit-rate signal (vLLM's prefix cache hits over queries; the twin's engine can count the
-same) that tells a pool whose caches are still filling from one that is short is untried.
+and the same at x3 where it is. Cold prefix caches explain only the first two minutes (the share of
+prompt tokens found cached is 0.05-0.07 there, 0.10-0.13 from then on, also in minutes 2-6); what
+makes minutes 2-6 worse is not known. Not recording any window of the first 300 s (or 360 s) is
+worse (x3 still misses, mooncake-x4 1.132, x3.5 1.173: the records also price the way down).
 
 Tried and not kept (``kv_budget``, left out of the code): the KV term capped at the afforded size
 while the SLO windows are met, like the estimated terms (KV use is a state a size may have been
