@@ -116,10 +116,17 @@ Mooncake pool serves 2-4 points worse in its first 4-6 minutes than after (mean 
 minutes, static 7 at x4: 0.941, 0.942, then 0.955-0.984; static 4 at x2: 0.934, 0.918, 0.923, then
 0.94-0.985; static 5 at x3: 0.912, 0.861, then 0.93-0.97), at the same prompt-token load. A size
 judged on its early windows looks short at x2 and x4 where it is not (static 4 and 7 meet the SLO)
-and the same at x3 where it is. Cold prefix caches explain only the first two minutes (the share of
-prompt tokens found cached is 0.05-0.07 there, 0.10-0.13 from then on, also in minutes 2-6); what
-makes minutes 2-6 worse is not known. Not recording any window of the first 300 s (or 360 s) is
-worse (x3 still misses, mooncake-x4 1.132, x3.5 1.173: the records also price the way down).
+and the same at x3 where it is. Counted by arrival (not by 60 s window) it is the first two to
+four minutes, and the replay's prompts are the cause: they are its longest then (static 7 at x4,
+2-minute arrival blocks: mean prompt 14.1k tokens and 99th percentile 100k in the first, served at
+92.5 %, then 10.8-13.0k and 68-92k; static 4 at x2: 13.7-14.6k and 88-111k in the first four
+minutes, 90.3-93.0 %, then 12.8-13.3k) at about the same prompt tokens per second (the load the
+records are compared on), cached or not, so a record cannot tell a long-prompt minute from a short
+pool; cold prefix caches add to the first two minutes (0.05-0.07 of prompt tokens found cached,
+0.10-0.13 after). A load measure that sees the long-prompt tail (prefill seconds asked per second,
+or the prompt length's 99th percentile) is untried. Not recording any window of the first 300 s
+(or 360 s) is worse (x3 still misses, mooncake-x4 1.132, x3.5 1.173: the records also price the
+way down).
 
 Tried and not kept (``kv_budget``, left out of the code): the KV term capped at the afforded size
 while the SLO windows are met, like the estimated terms (KV use is a state a size may have been
