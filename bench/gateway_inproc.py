@@ -270,16 +270,14 @@ class ChainedClients:
     coroutine that polls them."""
 
     def __init__(self, n: int, warmup: int, *, stream: bool = False) -> None:
+        """Make it just before the first :meth:`open`: with no warm-up, measuring starts here."""
         self.n, self.warmup = n, warmup
         self.stream, self.end_marker = stream, b"0\r\n\r\n" if stream else b""
         self.answered = self.bad = 0
         self.clock: dict[str, float] = {}  # CPU time when the warm-up ends and when the last answer lands
         self.loop = asyncio.get_running_loop()
         self.done = self.loop.create_future()
-
-    def start(self) -> None:
-        """Call just before the first :meth:`open`: with no warm-up, measuring starts here."""
-        if self.warmup == 0:
+        if warmup == 0:
             self.clock["start"] = time.process_time()
 
     def open(self, server: GatewayServer, request: Any) -> None:
@@ -355,7 +353,6 @@ async def _drive(
         else []
     )
     clients = ChainedClients(n, warmup, stream=stream)
-    clients.start()
     for lane in range(conc):
         clients.open(server, iter(ready[lane]).__next__ if conversations else fixed_request)
     cpu = await clients.cpu_ms()

@@ -96,7 +96,6 @@ async def _drive(cfgs: list[dict[str, Any]], n: int, warmup: int, conc: int, ans
         return load._request(req_head, heads, tail, next(counter))
 
     clients = inproc.ChainedClients(n, warmup)
-    clients.start()
     for i in range(conc):
         clients.open(servers[i % len(servers)], request)
     cpu = await clients.cpu_ms()
