@@ -228,7 +228,9 @@ def vllm_gateway_config(endpoints: list[VllmEndpoint], model: str) -> dict[str, 
             {"id": f"vllm-{i}", "url": ep.url, "model": model, "kind": "vllm", "gpu": "cpu"}
             for i, ep in enumerate(endpoints)
         ],
-        "scrape": {"interval_s": 0.5},
+        # A CPU vLLM decoding a burst can take longer than the default 5 s to answer /metrics on 2
+        # cores; a timed-out scrape leaves the view as it was before the burst.
+        "scrape": {"interval_s": 0.5, "timeout_s": 30.0},
         # A CPU vLLM busy with a burst can take seconds to answer /health on 2 cores.
         "health": {"interval_s": 1.0, "failures_to_down": 2, "timeout_s": 5.0},
     }

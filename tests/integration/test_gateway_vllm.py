@@ -229,7 +229,9 @@ async def test_gateway_view_of_running_waiting_and_kv_under_a_burst(vllm_gateway
         await asyncio.sleep(0.1)
     assert all(n > 0 for n in sizes.values()), sizes
     # Few streams: parsing thousands of chunks in this process would starve the gateway it also hosts.
-    n_streams, n_plain, max_tokens = 2, 38, 1900  # 1900 tokens x 2 waves: many seconds of work
+    # 3,800 tokens x 2 waves: about 40 s of work on an idle machine (the tiny model decodes 16 sequences
+    # at ~2,700 tokens/s), longer than this process stalls when the machine is busy.
+    n_streams, n_plain, max_tokens = 2, 38, 3800
     peak: dict[str, dict[str, float]] = {
         i: {"running": 0, "waiting": 0, "kv_usage": 0.0, "outstanding_requests": 0} for i in ids
     }
