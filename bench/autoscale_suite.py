@@ -123,8 +123,13 @@ four minutes, and the replay's prompts are the cause: they are its longest then 
 minutes, 90.3-93.0 %, then 12.8-13.3k) at about the same prompt tokens per second (the load the
 records are compared on), cached or not, so a record cannot tell a long-prompt minute from a short
 pool; cold prefix caches add to the first two minutes (0.05-0.07 of prompt tokens found cached,
-0.10-0.13 after). A load measure that sees the long-prompt tail (prefill seconds asked per second,
-or the prompt length's 99th percentile) is untried. Not recording any window of the first 300 s
+0.10-0.13 after). Tried and not kept: records compared on prefill work instead of prompt tokens
+(each prompt of L tokens counted as L x (1 + L / 76k), the causal attention's QK^T and PV FLOPs
+over the weights' for Qwen2.5-7B: 4 x 28 layers x 3584 per pair against 2 x 7.6e9 per token; by
+this measure the replay's first two 2-minute blocks at x3 ask 1.49 work per prompt token, later
+ones 1.37-1.45): alone, it changes no decision at x1.5, x2.25-x6 (both misses stay, to the digit)
+and costs x1.75 1.001 -> 1.037: the misses are the deficit of the minutes before any record of the
+size exists, which no load measure prices. Not recording any window of the first 300 s
 (or 360 s) is worse (x3 still misses, mooncake-x4 1.132, x3.5 1.173: the records also price the
 way down).
 
