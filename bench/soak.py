@@ -22,7 +22,9 @@ Checks (printed as JSON with ``--json``):
   connection error while the gateway was being restarted; anything else (no answer within the
   client's timeout, a stream that ends without ``[DONE]`` or an error, an error without the
   OpenAI shape, a connection error while the gateway was up) is lost. ``lost_reasons`` counts
-  why (per stack), ``lost_sent_at_s`` when the first and last lost request were sent.
+  why (per stack), ``lost_sent_at_s`` when the first and last lost request were sent,
+  ``lost_examples`` the first five whole (replica, sent and ended times, reason), and
+  ``failed_outcomes`` counts every answer other than ok by kind and detail.
 * ``ledger_mismatches``: after the run every workflow is read back through
   ``GET /v1/workflows/{id}``: a task the client saw succeed must be ``succeeded`` with an ok
   attempt for each step; a step the client saw fail must have no ok attempt and its task must
@@ -115,6 +117,8 @@ class Outcome:
     detail: str = ""
     ttft_s: float | None = None
     stream: bool = False
+    gateway: str = ""  # the replica that was asked
+    ended_t: float | None = None
 
 
 def _error_shaped(body: bytes) -> bool:
@@ -152,7 +156,7 @@ async def one_request(
         HEADER + "total-steps": str(task.steps),
     }
     sent = time.monotonic() - t0
-    out = Outcome(task.workflow_id, step, sent, "lost", stream=stream)
+    out = Outcome(task.workflow_id, step, sent, "lost", stream=stream, gateway=gw.name)
     done = False
     gw.in_flight += 1
     try:
@@ -205,6 +209,7 @@ async def one_request(
             out.detail = f"{type(exc).__name__}: {exc}"
     finally:
         gw.in_flight -= 1
+        out.ended_t = time.monotonic() - t0
     return out
 
 
@@ -443,6 +448,10 @@ def summarize(stack: Stack, outcomes: list[Outcome], wall_s: float) -> dict[str,
     why: dict[str, int] = {}
     for o in lost:
         why[o.detail] = why.get(o.detail, 0) + 1
+    failed: dict[str, int] = {}
+    for o in outcomes:
+        if o.kind != "ok":
+            failed[f"{o.kind}: {o.detail}"] = failed.get(f"{o.kind}: {o.detail}", 0) + 1
     ttft_in = [o.ttft_s for o in outcomes if o.ttft_s is not None and inside(o)]
     ttft_out = [o.ttft_s for o in outcomes if o.ttft_s is not None and not inside(o)]
     return {
@@ -455,6 +464,20 @@ def summarize(stack: Stack, outcomes: list[Outcome], wall_s: float) -> dict[str,
         "lost_sent_at_s": [round(min(o.sent_t for o in lost), 1), round(max(o.sent_t for o in lost), 1)]
         if lost
         else None,
+        # the first lost requests whole, to tell a race from a bug: which replica, when, what
+        "lost_examples": [
+            {
+                "workflow_id": o.workflow_id,
+                "step": o.step,
+                "stream": o.stream,
+                "gateway": o.gateway,
+                "sent_t": round(o.sent_t, 2),
+                "ended_t": None if o.ended_t is None else round(o.ended_t, 2),
+                "detail": o.detail,
+            }
+            for o in sorted(lost, key=lambda o: o.sent_t)[:5]
+        ],
+        "failed_outcomes": dict(sorted(failed.items(), key=lambda kv: -kv[1])[:10]),
         "goodput_rps": round(kinds.get("ok", 0) / wall_s, 3),
         "ttft_p99_in_fault_windows_s": _pct(ttft_in, 99),
         "ttft_p99_outside_fault_windows_s": _pct(ttft_out, 99),

@@ -45,12 +45,25 @@ def _soak(
     return json.loads(proc.stdout), proc
 
 
+def _why(out: dict[str, Any]) -> str:
+    """What a failure must show in full (a dict message is cut short by pytest's repr), with the
+    errors the processes logged (CI keeps no work folder)."""
+    keys = ("lost_reasons", "lost_examples", "failed_outcomes", "outcomes", "chaos_schedule")
+    logged = []
+    for log in sorted(Path(out["workdir"]).glob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        for i, line in enumerate(lines):
+            if " ERROR " in line or line.startswith("Traceback"):
+                logged.append(f"{log.name}: " + "\n".join(lines[i : i + 25]))
+    return json.dumps({k: out.get(k) for k in keys}, indent=1) + "\n" + "\n".join(logged[:6])
+
+
 def _nothing_lost(out: dict[str, Any]) -> None:
     assert all(e["end_t"] is not None for e in out["chaos_schedule"]), "a fault was never lifted"
     assert out["requests_sent"] > 20
-    assert out["lost"] == 0, out
+    assert out["lost"] == 0, _why(out)
     assert out["terminal_outcomes"] == out["requests_sent"]
-    assert out["ledger_mismatches"] == 0, out["ledger_mismatch_examples"]
+    assert out["ledger_mismatches"] == 0, _why(out) + json.dumps(out["ledger_mismatch_examples"])
 
 
 def test_a_short_soak_with_chaos_loses_nothing(tmp_path: Path) -> None:
