@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import re
+import time
 from typing import Any
 
 import pytest
@@ -107,6 +110,46 @@ async def test_a_slow_scrape_still_lands(upstreams, gateway, wait) -> None:
         return (await gw.instances())["up-0"]["waiting"] == 6
 
     await wait(scraped)
+
+
+@pytest.mark.anyio
+async def test_a_scrape_that_times_out_is_counted_and_its_view_shows_its_age(
+    upstreams, gateway, wait, caplog
+) -> None:
+    """A view that stopped moving must not read as an idle instance: failed scrapes are counted by
+    reason, the last landed scrape's time is exported, and a streak of misses is logged once."""
+    caplog.set_level(logging.INFO, logger="tokenplane.gateway.upstreams")
+    ups = await upstreams(2)
+    ups[0].metrics_delay_s = 0.6
+    ups[0].metrics.waiting = 4
+    ups[1].metrics.waiting = 2
+    gw = await gateway(ups, scrape={"interval_s": 0.05, "timeout_s": 0.1})
+
+    async def failing() -> bool:
+        return (await gw.instances())["up-0"]["scrape_failures"].get("timeout", 0) >= 3
+
+    await wait(failing)
+    view = (await gw.instances())["up-0"]
+    assert view["scraped_at"] is None and view["waiting"] == 0  # never landed: the view is the default
+    assert (await gw.instances())["up-1"]["scrape_failures"] == {}
+    text = await gw.get("/metrics", key=None)
+    failures = re.search(
+        r'tokenplane_instance_scrape_failures_total\{instance="up-0",[^}]*reason="timeout"\} (\S+)', text
+    )
+    assert failures is not None and float(failures.group(1)) >= 3, text
+    assert 'tokenplane_instance_scrape_timestamp_seconds{instance="up-0"' not in text
+    landed = re.search(r'tokenplane_instance_scrape_timestamp_seconds\{instance="up-1",[^}]*\} (\S+)', text)
+    assert landed is not None and abs(float(landed.group(1)) - time.time()) < 5.0
+    warned = [r for r in caplog.records if "scrapes of up-0 keep failing" in r.getMessage()]
+    assert len(warned) == 1 and "scrape.timeout_s" in warned[0].getMessage()
+
+    ups[0].metrics_delay_s = 0.0  # the runtime answers in time again: the view moves
+
+    async def landed_again() -> bool:
+        return (await gw.instances())["up-0"]["waiting"] == 4
+
+    await wait(landed_again)
+    assert any("scrapes of up-0 land again" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.anyio

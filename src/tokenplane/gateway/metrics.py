@@ -7,7 +7,8 @@ routing), ``tokenplane_ttft_seconds{model}`` (streams: arrival to first token ev
 
 Per instance, read from the pool only when ``/metrics`` is scraped (no cost on the request path):
 in-flight requests and tokens by this gateway, and the gateway's view of the instance's running,
-waiting, KV usage, prefix-cache counters and health.
+waiting, KV usage, prefix-cache counters and health, with when that view was last scraped and the
+scrapes that failed (a view that stopped moving shows as an old timestamp, not as idle).
 
 The per-request families are :mod:`~tokenplane.gateway.lean_metrics` ones (plain numbers, families
 built at scrape time): ``prometheus_client``'s own take a lock per value, ~1-1.7 µs a record.
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tokenplane.gateway.lean_metrics import LeanCounter, LeanHistogram
@@ -69,8 +70,23 @@ class _InstanceCollector(Collector):
                 "tokenplane_instance_healthy", "1 when the instance is routable", labels=labels
             ),
         }
+        scraped = GaugeMetricFamily(
+            "tokenplane_instance_scrape_timestamp_seconds",
+            "Unix time of the last runtime /metrics scrape that landed (absent before the first): "
+            "the age of the running, waiting and KV-use view",
+            labels=labels,
+        )
+        scrape_failures = CounterMetricFamily(
+            "tokenplane_instance_scrape_failures",
+            "Runtime /metrics scrapes that failed, by reason (timeout, status, connection, parse)",
+            labels=[*labels, "reason"],
+        )
         for u in self._upstreams():
             lv = [u.id, u.model]
+            if u.scraped_at is not None:
+                scraped.add_metric(lv, u.scraped_at)
+            for reason, n in u.scrape_failures.items():
+                scrape_failures.add_metric([*lv, reason], n)
             m = u.metrics
             fams["in_flight"].add_metric(lv, u.in_flight)
             fams["in_flight_tokens"].add_metric(lv, u.in_flight_tokens)
@@ -81,6 +97,8 @@ class _InstanceCollector(Collector):
             fams["prefix_cache_queries"].add_metric(lv, m.prefix_cache_queries)
             fams["healthy"].add_metric(lv, 1.0 if u.healthy else 0.0)
         yield from fams.values()
+        yield scraped
+        yield scrape_failures
 
 
 class RequestListener(Protocol):

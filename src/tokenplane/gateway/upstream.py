@@ -90,6 +90,8 @@ class Upstream:
         "model",
         "peer_in_flight",
         "runtime",
+        "scrape_failures",
+        "scrape_streak",
         "scraped_at",
     )
 
@@ -146,6 +148,8 @@ class Upstream:
         self.peer_in_flight = (0, 0)
         self.metrics = RuntimeMetrics()
         self.scraped_at: float | None = None
+        self.scrape_failures: dict[str, int] = {}  # failed scrapes by reason, since start
+        self.scrape_streak = 0  # failed scrapes since the last one that landed
         self._healthy = True  # optimistic until the first probe; a failed request counts too
         self.consecutive_failures = 0
         self.last_error: str | None = None
@@ -248,6 +252,7 @@ class Upstream:
 
     def apply_metrics(self, metrics: RuntimeMetrics, now: float) -> None:
         self.scraped_at = now
+        self.scrape_streak = 0
         if metrics != self.metrics:
             self.metrics = metrics
             self._view = self._base = None
@@ -305,6 +310,7 @@ class Upstream:
             prefix_cache_queries=m.prefix_cache_queries,
             prefix_cache_hits=m.prefix_cache_hits,
             scraped_at=self.scraped_at,
+            scrape_failures=dict(self.scrape_failures),
             consecutive_failures=self.consecutive_failures,
             last_error=self.last_error,
         )

@@ -22,6 +22,8 @@ from tokenplane.gateway.view_signals import COLD, WARMING, PoolTtft, catalogue_k
 
 log = logging.getLogger(__name__)
 
+SCRAPE_STREAK_TO_WARN = 3  # consecutive failed scrapes before the stale view is logged
+
 
 class UpstreamPool:
     """Every configured instance, grouped by model, with background scraping and health checks."""
@@ -168,11 +170,37 @@ class UpstreamPool:
         try:
             async with self._session.get(upstream.metrics_url, timeout=timeout) as resp:
                 if resp.status != 200:
-                    return False
+                    return self._scrape_failed(upstream, "status", f"answered {resp.status}")
                 text = await resp.text()
             metrics = upstream.runtime.parse_metrics(text)
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
-            log.debug("scrape of %s failed: %s", upstream.id, exc)
-            return False
+        except TimeoutError:
+            return self._scrape_failed(upstream, "timeout", f"no answer within {self._scrape.timeout_s:g} s")
+        except (aiohttp.ClientError, OSError) as exc:
+            return self._scrape_failed(upstream, "connection", f"{type(exc).__name__}: {exc}")
+        except ValueError as exc:
+            return self._scrape_failed(upstream, "parse", f"{type(exc).__name__}: {exc}")
+        if upstream.scrape_streak >= SCRAPE_STREAK_TO_WARN:
+            log.info("scrapes of %s land again after %d failed", upstream.id, upstream.scrape_streak)
         upstream.apply_metrics(metrics, time.time())
         return True
+
+    def _scrape_failed(self, upstream: Upstream, reason: str, detail: str) -> bool:
+        """Count a failed scrape; say so once a streak of them leaves a routable instance's view
+        stale (its running, waiting and KV use stay at the last reading), not at every miss."""
+        upstream.scrape_failures[reason] = upstream.scrape_failures.get(reason, 0) + 1
+        upstream.scrape_streak += 1
+        if upstream.scrape_streak == SCRAPE_STREAK_TO_WARN and upstream.healthy:
+            stale = (
+                "it has no view yet"
+                if upstream.scraped_at is None
+                else f"its view is from {time.time() - upstream.scraped_at:.1f} s ago"
+            )
+            hint = (
+                "; raise scrape.timeout_s if it answers /metrics late under load"
+                if reason == "timeout"
+                else ""
+            )
+            log.warning("scrapes of %s keep failing (%s: %s): %s%s", upstream.id, reason, detail, stale, hint)
+        else:
+            log.debug("scrape of %s failed (%s: %s)", upstream.id, reason, detail)
+        return False
