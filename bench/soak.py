@@ -49,6 +49,7 @@ import json
 import math
 import random
 import secrets
+import signal
 import statistics
 import sys
 import tempfile
@@ -678,9 +679,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+async def _until_sigterm(args: argparse.Namespace) -> dict[str, Any]:
+    """The soak, cancelled by SIGTERM as by Ctrl-C, so that its clean-up stops every process it
+    started (each runs in a session of its own, which a signal to this one does not reach)."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await soak(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    result = asyncio.run(soak(args))
+    try:
+        result = asyncio.run(_until_sigterm(args))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        print("soak: stopped before the end; the processes it started are stopped", file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -5,10 +5,14 @@ the command (``python bench/soak.py --minutes 60 --json``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +94,55 @@ def test_a_short_soak_of_three_replicas_on_redis_and_postgres_loses_nothing(tmp_
     sampled = {lt["process"] for lt in out["gateway_lifetimes"]}  # RSS and fds per replica process
     assert len(sampled) >= 2 and sampled <= {f"chaos-replica-{i}" for i in range(3)}, sampled
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _children(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid``."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.add(int(proc.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return state[state.rindex(")") + 2] != "Z"
+
+
+def test_a_soak_stopped_by_sigterm_stops_what_it_started(tmp_path: Path) -> None:
+    """Its gateways and emulators run in sessions of their own: a SIGTERM to the soak alone used to
+    leave them all running."""
+    proc = subprocess.Popen(
+        [sys.executable, str(SOAK), "--seconds", "60", "--rps", "2", "--seed", "3", "--instances", "2",
+         "--no-baseline", "--workdir", str(tmp_path), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not any("serving on" in p.read_text(errors="replace") for p in tmp_path.glob("*gateway*.log")):
+            assert proc.poll() is None and time.monotonic() < deadline, "the soak's gateway never served"
+            time.sleep(0.2)
+        started = _children(proc.pid)
+        assert len(started) >= 3, started  # the gateway and two emulators
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = [pid for pid in started if _alive(pid)]
+    for pid in left:  # not to leave them running when the check below fails
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert "stopped before the end" in err
+    assert left == []
