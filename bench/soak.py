@@ -49,7 +49,6 @@ import json
 import math
 import random
 import secrets
-import signal
 import statistics
 import sys
 import tempfile
@@ -61,6 +60,8 @@ from typing import Any
 
 import aiohttp
 from soak_stack import MODEL, ChaosEvent, Fleet, Gateway, Stack
+
+from tokenplane.runloop import Terminated, run_stoppable
 
 HEADER = "x-tokenplane-"
 _TEXT = (
@@ -679,22 +680,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _until_sigterm(args: argparse.Namespace) -> dict[str, Any]:
-    """The soak, cancelled by SIGTERM as by Ctrl-C, so that its clean-up stops every process it
-    started (each runs in a session of its own, which a signal to this one does not reach)."""
-    task = asyncio.current_task()
-    assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    return await soak(args)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        result = asyncio.run(_until_sigterm(args))
-    except (asyncio.CancelledError, KeyboardInterrupt):
+        result = run_stoppable(soak(args))  # SIGTERM, as Ctrl-C, stops what the soak started
+    except (Terminated, KeyboardInterrupt) as stopped:
         print("soak: stopped before the end; the processes it started are stopped", file=sys.stderr)
-        return 130
+        return 143 if isinstance(stopped, Terminated) else 130
     if args.json:
         print(json.dumps(result, indent=2))
     else:

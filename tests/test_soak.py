@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from child_processes import alive, children
 
 SOAK = Path(__file__).resolve().parents[1] / "bench" / "soak.py"
 
@@ -96,29 +97,6 @@ def test_a_short_soak_of_three_replicas_on_redis_and_postgres_loses_nothing(tmp_
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def _children(pid: int) -> set[int]:
-    """The live processes whose parent is ``pid``."""
-    found = set()
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                stat = (proc / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.add(int(proc.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2] != "Z"
-
-
 def test_a_soak_stopped_by_sigterm_stops_what_it_started(tmp_path: Path) -> None:
     """Its gateways and emulators run in sessions of their own: a SIGTERM to the soak alone used to
     leave them all running."""
@@ -132,17 +110,17 @@ def test_a_soak_stopped_by_sigterm_stops_what_it_started(tmp_path: Path) -> None
         while not any("serving on" in p.read_text(errors="replace") for p in tmp_path.glob("*gateway*.log")):
             assert proc.poll() is None and time.monotonic() < deadline, "the soak's gateway never served"
             time.sleep(0.2)
-        started = _children(proc.pid)
+        started = children(proc.pid)
         assert len(started) >= 3, started  # the gateway and two emulators
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    left = [pid for pid in started if _alive(pid)]
+    left = [pid for pid in started if alive(pid)]
     for pid in left:  # not to leave them running when the check below fails
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == 143, err[-3000:]
     assert "stopped before the end" in err
     assert left == []

@@ -53,9 +53,8 @@ def up(
     out: Annotated[Path | None, typer.Option("--out", help="Also write DIR/up.json.")] = None,
 ) -> None:
     """The main job: gateway + emulated fleet + agentic users; prints what the control plane did."""
-    import asyncio
-
     from tokenplane.demo import print_result, run_demo, write_result
+    from tokenplane.runloop import Terminated, run_stoppable
 
     console = Console() if sys.stdout.isatty() else Console(width=120)
     console.print(
@@ -63,9 +62,12 @@ def up(
         f"{users} agentic users x {tasks} task(s) x {steps} steps"
     )
     try:
-        result = asyncio.run(
+        result = run_stoppable(
             run_demo(instances=instances, users=users, tasks=tasks, steps=steps, router=router, speed=speed)
         )
+    except Terminated:
+        _fail("stopped by SIGTERM; the gateway and emulators it started are stopped", code=143)
+        return
     except RuntimeError as exc:
         _fail(str(exc), code=1)
         return

@@ -1,20 +1,29 @@
-"""What the long-running servers (``tokenplane serve``, the emulator) share about their process:
-the event loop they run on and what they do to the collector once started."""
+"""What the long-running processes (``tokenplane serve``, the emulator, the commands that start a
+fleet) share about their process: the event loop they run on, what they do to the collector once
+started, and how SIGTERM ends them."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import signal
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 __all__ = [
     "GC_YOUNG_THRESHOLD",
     "MMAP_THRESHOLD_BYTES",
+    "Terminated",
     "fix_mmap_threshold",
     "freeze_startup_objects",
     "new_event_loop",
+    "run_stoppable",
 ]
+
+T = TypeVar("T")
 
 MMAP_THRESHOLD_BYTES = 128 * 1024
 """glibc's initial threshold, fixed: blocks this big or bigger are mapped on their own and unmapped
@@ -74,3 +83,47 @@ async def freeze_startup_objects(app: web.Application) -> None:
     gc.freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
+class Terminated(Exception):
+    """SIGTERM ended the run; its clean-up ran."""
+
+
+def run_stoppable(
+    main: Coroutine[Any, Any, T], *, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+) -> T:
+    """``asyncio.run(main)``, with SIGTERM cancelling ``main`` as Ctrl-C does.
+
+    The commands that start a fleet (``tokenplane up``, ``rehearse``) run each emulator and
+    gateway in a session of its own (so that stopping one stops its whole process group); a
+    SIGTERM to the command reaches none of them, and Python's default action ends the command
+    without its ``finally`` blocks, so every process it started went on running. Raises
+    :class:`Terminated` once the clean-up has run."""
+    terminated = False
+
+    async def guarded() -> T:
+        nonlocal terminated
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_term() -> None:
+            nonlocal terminated
+            terminated = True
+            task.cancel()
+
+        with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' loop
+            loop.add_signal_handler(signal.SIGTERM, on_term)
+        try:
+            return await main
+        finally:
+            with contextlib.suppress(NotImplementedError):
+                loop.remove_signal_handler(signal.SIGTERM)
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        try:
+            return runner.run(guarded())
+        except asyncio.CancelledError:
+            if terminated:
+                raise Terminated("stopped by SIGTERM") from None
+            raise

@@ -8,7 +8,6 @@ The twin also runs without it (``path.twin_without``), so the report shows what 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from tokenplane.rehearse.compare import rel, rel_diff, side_by_side
 from tokenplane.rehearse.errors import RehearsalError
 from tokenplane.rehearse.live import drive_live, live_report
 from tokenplane.rehearse.sizing import DEFAULT_SCALE, pick_run, rehearsal_run
-from tokenplane.runloop import new_event_loop
+from tokenplane.runloop import Terminated, new_event_loop, run_stoppable
 from tokenplane.sim.catalog import Catalog
 from tokenplane.sim.report import RunAggregate, Slo
 from tokenplane.sim.runner import run_scenario
@@ -53,16 +52,12 @@ def rehearse(
     run = rehearsal_run(pick_run(scenario, run_name), scale=scale, instances=instances, duration=duration)
     if path_s is not None and not path_s >= 0:
         raise RehearsalError(f"--path-s must be >= 0, got {path_s}")
-    with asyncio.Runner(loop_factory=new_event_loop) as runner:  # uvloop, as the servers run
-        live = runner.run(
-            drive_live(
-                run,
-                catalog=catalog,
-                traces=traces or scenario.traces,
-                workdir=workdir,
-                probe=path_s is None,
-            )
-        )
+    live = run_stoppable(
+        drive_live(
+            run, catalog=catalog, traces=traces or scenario.traces, workdir=workdir, probe=path_s is None
+        ),
+        loop_factory=new_event_loop,  # uvloop, as the servers run
+    )
     probe = live.path_probe
     used = path_s if path_s is not None else probe.first_chunk_s if probe is not None else 0.0
     paid = run.model_copy(update={"request_path": RequestPathSettings(first_chunk_s=used)})
@@ -234,6 +229,9 @@ def rehearse_command(
     except (ScenarioError, CatalogError, RehearsalError) as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         return 2
+    except Terminated:
+        err.print("stopped by SIGTERM; the gateway and emulators it started are stopped", highlight=False)
+        return 143
     doc = dumps(result)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
