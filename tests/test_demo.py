@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from child_processes import alive, children
+from child_processes import stop_with_sigterm
 
 from tokenplane.demo import run_demo
 
@@ -61,28 +57,8 @@ def test_up_command_ends_by_itself_with_a_summary(tmp_path: Path) -> None:
 def test_up_stopped_by_sigterm_stops_the_fleet_it_started() -> None:
     """Each emulator and the gateway run in a session of their own: a SIGTERM to ``tokenplane up``
     (a supervisor, ``timeout``, ``kill``) used to end it and leave them all running."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tokenplane", "up", "--instances", "2", "--users", "2", "--tasks", "50"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    started: set[int] = set()
-    try:
-        deadline = time.monotonic() + 60
-        while len(started) < 3:  # two emulators and the gateway
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            started |= children(proc.pid)
-            time.sleep(0.1)
-        time.sleep(2.0)  # the users are under way
-        assert proc.poll() is None, "up ended before the signal: give it more tasks"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        left = [pid for pid in started if alive(pid)]
-        for pid in left:  # not to leave them running when the checks below fail
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-    assert proc.returncode == 143, err[-3000:]
-    assert "stopped by SIGTERM" in err
-    assert left == []
+    cmd = [sys.executable, "-m", "tokenplane", "up", "--instances", "2", "--users", "2", "--tasks", "50"]
+    stopped = stop_with_sigterm(cmd, children_at_least=3)  # two emulators and the gateway
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "stopped by SIGTERM" in stopped.stderr
+    assert stopped.left == []

@@ -5,19 +5,15 @@ the command (``python bench/soak.py --minutes 60 --json``)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from child_processes import alive, children
+from child_processes import stop_with_sigterm
 
 SOAK = Path(__file__).resolve().parents[1] / "bench" / "soak.py"
 
@@ -100,27 +96,9 @@ def test_a_short_soak_of_three_replicas_on_redis_and_postgres_loses_nothing(tmp_
 def test_a_soak_stopped_by_sigterm_stops_what_it_started(tmp_path: Path) -> None:
     """Its gateways and emulators run in sessions of their own: a SIGTERM to the soak alone used to
     leave them all running."""
-    proc = subprocess.Popen(
-        [sys.executable, str(SOAK), "--seconds", "60", "--rps", "2", "--seed", "3", "--instances", "2",
-         "--no-baseline", "--workdir", str(tmp_path), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not any("serving on" in p.read_text(errors="replace") for p in tmp_path.glob("*gateway*.log")):
-            assert proc.poll() is None and time.monotonic() < deadline, "the soak's gateway never served"
-            time.sleep(0.2)
-        started = children(proc.pid)
-        assert len(started) >= 3, started  # the gateway and two emulators
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    left = [pid for pid in started if alive(pid)]
-    for pid in left:  # not to leave them running when the check below fails
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-    assert proc.returncode == 143, err[-3000:]
-    assert "stopped before the end" in err
-    assert left == []
+    cmd = [sys.executable, str(SOAK), "--seconds", "60", "--rps", "2", "--seed", "3", "--instances", "2",
+           "--no-baseline", "--workdir", str(tmp_path), "--json"]  # fmt: skip
+    stopped = stop_with_sigterm(cmd, children_at_least=3)  # the gateway and two emulators
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "stopped before the end" in stopped.stderr
+    assert stopped.left == []
