@@ -195,6 +195,9 @@ class Workflows:
             return []
         try:
             abandoned = await self.ledger.sweep(time.time())
+        except LedgerUnavailable as exc:  # the database is away: the next sweep catches up
+            log.warning("ledger sweep skipped: %s", exc)
+            return []
         except Exception:
             log.exception("ledger sweep failed")
             return []
