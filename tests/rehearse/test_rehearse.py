@@ -4,11 +4,13 @@ official openai client) on the same small workload, a few seconds of real time e
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from child_processes import stop_with_sigterm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -175,3 +177,15 @@ def test_prompts_share_exactly_the_blocks_the_twin_shares(
             break
         same += 1
     assert same == shared
+
+
+def test_a_rehearsal_stopped_by_sigterm_stops_its_live_stack(tmp_path: Path) -> None:
+    """The live side's emulators and gateway run in sessions of their own; SIGTERM used to end the
+    command and leave them running."""
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump(SLOWED))
+    cmd = [sys.executable, "-m", "tokenplane", "rehearse", str(path), "--duration", "60", "--path-s", "0.01"]
+    stopped = stop_with_sigterm(cmd, children_at_least=3)  # two emulators and the gateway
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "stopped by SIGTERM" in stopped.stderr
+    assert stopped.left == []
