@@ -31,7 +31,7 @@ DASHBOARD = (
 
 #: Read by the dashboard, not exported by the gateway yet (planned in issue 6, item 4): none left.
 PLANNED: frozenset[str] = frozenset()
-#: Labelled families with no series until their event happens (admission and resilience).
+#: Labelled families with no series until their event happens (admission, resilience, failed scrapes).
 ON_EVENT = frozenset(
     {
         "tokenplane_queue_wait_seconds_bucket",
@@ -39,6 +39,7 @@ ON_EVENT = frozenset(
         "tokenplane_continuations_total",
         "tokenplane_shed_total",
         "tokenplane_rejected_total",
+        "tokenplane_instance_scrape_failures_total",
     }
 )
 MAY_BE_ABSENT = PLANNED | ON_EVENT
