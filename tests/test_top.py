@@ -91,6 +91,9 @@ async def test_snapshot_and_render_show_instances_and_rates(upstreams, gateway, 
     cells = [c.strip() for c in model_row.split("│")]
     assert cells[4].endswith(("ms", " s")), model_row  # TTFT p50
 
+    # How old each instance's view is: scraped every 0.05 s, so well under the stale mark.
+    assert "view age" in text and "stale" not in text
+
     # The first frame alone (no previous) shows cumulative counts rather than rates.
     alone = _text(render(first))
     assert "since start" in alone and "up-0" in alone
@@ -208,3 +211,20 @@ tokenplane_instance_healthy{instance="a",model="m"} 1
     snap.errors.append("/v1/instances: HTTP 404")
     out = _text(render(snap))
     assert "a" in out and "50.0%" in out and "HTTP 404" in out and "1/1 healthy" in out
+    assert "view age" not in out  # a gateway that does not export the scrape time: no column
+
+
+def test_a_view_that_stopped_moving_is_marked_stale() -> None:
+    """A runtime too busy to answer its scrapes keeps its last readings: top says how old they are."""
+    text = """# TYPE tokenplane_instance_kv_usage gauge
+tokenplane_instance_kv_usage{instance="busy",model="m"} 0.0
+tokenplane_instance_kv_usage{instance="calm",model="m"} 0.3
+# TYPE tokenplane_instance_scrape_timestamp_seconds gauge
+tokenplane_instance_scrape_timestamp_seconds{instance="busy",model="m"} 1000.0
+tokenplane_instance_scrape_timestamp_seconds{instance="calm",model="m"} 1063.6
+"""
+    snap = _snap(text, 1.0)
+    snap.wall_time = 1064.0
+    rows = {ln.split("│")[2].strip(): ln for ln in _text(render(snap)).splitlines() if ln.count("│") > 5}
+    assert "64.0s stale" in rows["busy"], rows
+    assert "0.4s" in rows["calm"] and "stale" not in rows["calm"], rows

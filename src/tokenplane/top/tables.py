@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 #: Default TTFT objective (seconds) for the attainment estimate; the twin's ``Slo`` default.
 DEFAULT_SLO_TTFT_S = 2.0
+#: A view older than this is marked stale: twice the gateway's default scrape timeout
+#: (``scrape.timeout_s``), so at least one whole scrape failed since the last that landed.
+STALE_VIEW_S = 10.0
 
 REQUESTS = "tokenplane_requests"
 TTFT = "tokenplane_ttft_seconds"
@@ -81,6 +84,15 @@ def _kv_cell(value: Any) -> str:
     return f"[{colour}]{'█' * filled}{'·' * (10 - filled)}[/] {pct:5.1f}%"
 
 
+def _age_cell(scraped_at: Any, now: float) -> str:
+    """How old the gateway's view of the instance is (its last scrape that landed)."""
+    if not isinstance(scraped_at, (int, float)):
+        return "[dim]never[/]"
+    age = max(0.0, now - float(scraped_at))
+    text = f"{age:.1f}s" if age < 100 else f"{age:.0f}s"
+    return f"[bold red]{text} stale[/]" if age > STALE_VIEW_S else text
+
+
 def _breaker_cell(state: Any) -> str:
     if state is None:
         return "[dim]-[/]"
@@ -105,6 +117,7 @@ def _instance_rows(snap: TopSnapshot) -> list[dict[str, Any]]:
         "tokenplane_instance_prefix_cache_hits": "prefix_cache_hits",
         "tokenplane_instance_prefix_cache_queries": "prefix_cache_queries",
         "tokenplane_instance_healthy": "healthy",
+        "tokenplane_instance_scrape_timestamp_seconds": "scraped_at",
     }
     for metric, key in mapping.items():
         for s in snap.samples(metric):
@@ -175,6 +188,9 @@ def _instances_table(snap: TopSnapshot, prev: TopSnapshot | None) -> Table:
     table.add_column("waiting", justify="right")
     table.add_column("KV", justify="left")
     table.add_column("prefix hit", justify="right")
+    show_age = any("scraped_at" in r for r in rows)
+    if show_age:
+        table.add_column("view age", justify="right")
     if not rows:
         table.add_row("[dim](no instances reported)[/]")
         return table
@@ -206,6 +222,8 @@ def _instances_table(snap: TopSnapshot, prev: TopSnapshot | None) -> Table:
             _kv_cell(r.get("kv_usage")),
             _fmt_pct(_prefix_hit_rate(r, before.get(iid))),
         ]
+        if show_age:
+            cells.append(_age_cell(r.get("scraped_at"), snap.wall_time))
         table.add_row(*cells)
     return table
 
