@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tokenplane.gateway.tokenization import LocalTokenizer, TokenizerConfig
@@ -180,6 +180,13 @@ _messages = st.lists(
 
 @settings(max_examples=300, deadline=None)
 @given(kept=_messages, sent=_messages, split=st.integers(0, 3))
+# CI's compiled run found it: a message kept as JSON before a plain one whose keys came reordered; the
+# plain one's key order was checked even where the template cannot see it (a missed prefix hit)
+@example(
+    kept=[{"name": "a", "content": []}, {"role": "b", "content": "b"}],
+    sent=[{"content": [], "name": "a"}, {"content": "b", "role": "b"}],
+    split=0,
+)
 def test_a_prefix_is_taken_only_for_the_same_messages_as_json_tells(
     kept: list[dict[str, Any]], sent: list[dict[str, Any]], split: int
 ) -> None:

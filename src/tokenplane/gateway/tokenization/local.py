@@ -42,6 +42,9 @@ from tokenplane.gateway.tokenization.prefix_cache import (
 )
 
 _encode_json = msgspec.json.Encoder().encode
+# Where the template cannot see the keys' order, a message kept as JSON is kept with its keys
+# sorted (at every depth), so that the same message sent with its keys reordered still matches.
+_encode_sorted = msgspec.json.Encoder(order="sorted").encode
 _ENDS_MAX = 256
 """Rendering options remembered with their head and tail (a split template); all dropped when full."""
 
@@ -101,11 +104,12 @@ def _same_messages(seen: SeenMessages | None, raw: list[Any], k: int, key_order:
     head = raw[:k]
     if seen.plain:
         return head == seen.messages and (not key_order or tuple(chain.from_iterable(head)) == seen.order)
+    encode = _encode_json if key_order else _encode_sorted
     for a, b in zip(head, seen.messages, strict=True):
         if type(b) is bytes:
-            if _encode_json(a) != b:
+            if encode(a) != b:
                 return False
-        elif a != b or list(a) != list(b):
+        elif a != b or (key_order and list(a) != list(b)):
             return False
     return True
 
@@ -118,10 +122,11 @@ def _seen_after(base: SeenMessages | None, new: list[dict[str, Any]], key_order:
         plain, chars, order = True, 0, ()
     else:
         kept, plain, chars, order = base.messages.copy(), base.plain, base.chars, base.order
+    encode = _encode_json if key_order else _encode_sorted
     for m in new:
         for value in m.values():
             if type(value) is not str:
-                form = _encode_json(m)
+                form = encode(m)
                 plain = False
                 kept.append(form)
                 chars += len(form)
