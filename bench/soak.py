@@ -453,7 +453,8 @@ def summarize(stack: Stack, outcomes: list[Outcome], wall_s: float) -> dict[str,
     failed: dict[str, int] = {}
     for o in outcomes:
         if o.kind != "ok":
-            failed[f"{o.kind}: {o.detail}"] = failed.get(f"{o.kind}: {o.detail}", 0) + 1
+            key = f"{o.kind}: {o.detail}"
+            failed[key] = failed.get(key, 0) + 1
     ttft_in = [o.ttft_s for o in outcomes if o.ttft_s is not None and inside(o)]
     ttft_out = [o.ttft_s for o in outcomes if o.ttft_s is not None and not inside(o)]
     return {

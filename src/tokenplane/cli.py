@@ -65,8 +65,8 @@ def up(
         result = run_stoppable(
             run_demo(instances=instances, users=users, tasks=tasks, steps=steps, router=router, speed=speed)
         )
-    except Terminated:
-        _fail("stopped by SIGTERM; the gateway and emulators it started are stopped", code=143)
+    except Terminated as exc:
+        _fail(str(exc), code=143)
         return
     except RuntimeError as exc:
         _fail(str(exc), code=1)

@@ -88,6 +88,9 @@ async def freeze_startup_objects(app: web.Application) -> None:
 class Terminated(Exception):
     """SIGTERM ended the run; its clean-up ran."""
 
+    def __init__(self) -> None:
+        super().__init__("stopped by SIGTERM; the processes it started are stopped")
+
 
 def run_stoppable(
     main: Coroutine[Any, Any, T], *, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
@@ -125,5 +128,5 @@ def run_stoppable(
             return runner.run(guarded())
         except asyncio.CancelledError:
             if terminated:
-                raise Terminated("stopped by SIGTERM") from None
+                raise Terminated from None
             raise

@@ -229,8 +229,8 @@ def rehearse_command(
     except (ScenarioError, CatalogError, RehearsalError) as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         return 2
-    except Terminated:
-        err.print("stopped by SIGTERM; the gateway and emulators it started are stopped", highlight=False)
+    except Terminated as exc:
+        err.print(str(exc), highlight=False)
         return 143
     doc = dumps(result)
     if out is not None:
