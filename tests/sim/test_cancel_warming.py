@@ -77,17 +77,17 @@ def _cancelled(result: FleetResult) -> list[tuple[str, float, float]]:
 
 
 def _held_s(result: FleetResult, iid: str, end: float) -> float:
-    """Seconds ``iid`` held a GPU, from its transitions: every state but stopped (an interval still
-    open is counted to ``end``)."""
+    """Seconds ``iid`` held a GPU up to ``end``, from its transitions: every state but stopped (an
+    interval still open, or closed by a decision after the run's end, is counted to ``end``)."""
     held, since = 0.0, None
     for t, i, s in result.lifecycle.transitions:
         if i != iid:
             continue
         if s == STOPPED and since is not None:
-            held, since = held + t - since, None
+            held, since = held + max(0.0, min(t, end) - since), None
         elif s != STOPPED and since is None:
             since = t
-    return held + (end - since if since is not None else 0.0)
+    return held + (max(0.0, end - since) if since is not None else 0.0)
 
 
 SPIKE = [(120.0, 2.0), (45.0, 40.0), (300.0, 2.0)]

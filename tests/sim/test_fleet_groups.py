@@ -48,13 +48,11 @@ def test_groups_build_ids_gpus_and_prices() -> None:
     assert {r.instance_id for r in o.result.records} == set(ids)
 
 
-def test_views_carry_gpu_price_and_weights(fakes: Any) -> None:
+def _engines(fakes: Any, loop: Any, n: int) -> list[Any]:
+    """``n`` bound engines on ``loop`` (H200 at 3.5 per hour), for a lifecycle built over them."""
     from tokenplane.sim.engine import ContinuousEngine, EngineConfig
-    from tokenplane.sim.kernel import EventLoop
-    from tokenplane.sim.lifecycle import SERVING, STOPPED, WARMING, Lifecycle, Timings
     from tokenplane.sim.records import InstanceRecord, TbtHistogram
 
-    loop = EventLoop()
     engines = [
         ContinuousEngine(
             f"g-{i}",
@@ -65,11 +63,20 @@ def test_views_carry_gpu_price_and_weights(fakes: Any) -> None:
             record=InstanceRecord(f"g-{i}", "H200", "m", 3.5),
             tbt=TbtHistogram(),
         )
-        for i in range(3)
+        for i in range(n)
     ]
     changed: set[int] = set()
     for i, e in enumerate(engines):
         e.bind(i, changed)
+    return engines
+
+
+def test_views_carry_gpu_price_and_weights(fakes: Any) -> None:
+    from tokenplane.sim.kernel import EventLoop
+    from tokenplane.sim.lifecycle import SERVING, STOPPED, WARMING, Lifecycle, Timings
+
+    loop = EventLoop()
+    engines = _engines(fakes, loop, 3)
     lc = Lifecycle(loop, engines, [Timings(10.0, 1.0)] * 3, [SERVING, WARMING, STOPPED], land_to_warm=False)
     views = [e.view() for e in engines]
     assert [v.weights for v in views] == ["warm", "warming", "cold"]
@@ -124,3 +131,18 @@ def test_bad_groups_fail_at_load() -> None:
         parse_scenario(_doc({"groups": [{"name": "a", "instances": 1}, {"name": "a", "instances": 1}]}))
     with pytest.raises(ScenarioError):
         parse_scenario(_doc({"groups": []}))
+
+
+def test_a_hold_a_decision_begins_or_ends_after_the_runs_end_is_cut_there(fakes: Any) -> None:
+    """The static fleet is charged to the run's last activity; an autoscaled one was charged past it
+    when a decision after that (the tick a few seconds on) stopped or started an instance."""
+    from tokenplane.sim.kernel import EventLoop
+    from tokenplane.sim.lifecycle import STOPPED, WARM, Lifecycle, Timings
+
+    loop = EventLoop()
+    engines = _engines(fakes, loop, 2)
+    lc = Lifecycle(loop, engines, [Timings(10.0, 1.0)] * 2, [WARM, STOPPED], land_to_warm=True)
+    lc.stop_warm(0, 110.0)  # a decision at 110 s, after a run that ended at 100 s
+    lc.start_cold(1, 105.0)
+    assert lc.held_s(0, 100.0) == pytest.approx(100.0) and lc.held_s(0, 120.0) == pytest.approx(110.0)
+    assert lc.held_s(1, 100.0) == 0.0 and lc.held_s(1, 120.0) == pytest.approx(15.0)

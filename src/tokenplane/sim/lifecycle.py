@@ -31,6 +31,7 @@ warm pool and ``on_landed`` lets the autoscaler decide at once (the core's proto
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -92,7 +93,7 @@ class Lifecycle:
         self.on_stopped = on_stopped
         n = len(self.engines)
         self.state = [STOPPED] * n
-        self._held_s = [0.0] * n
+        self._held_spans: list[list[tuple[float, float]]] = [[] for _ in range(n)]  # ended holds
         self._held_since: list[float | None] = [None] * n
         self._version = [0] * n
         self._park = [False] * n
@@ -115,8 +116,11 @@ class Lifecycle:
         return sum(1 for s in self.state if s == state)
 
     def held_s(self, i: int, now: float) -> float:
+        """Seconds instance ``i`` held a GPU up to ``now``: a hold that a decision after ``now`` (the
+        run's last activity) began or ended is cut at ``now``, as the static fleet's cost is."""
         since = self._held_since[i]
-        return self._held_s[i] + (now - since if since is not None else 0.0)
+        held = math.fsum(max(0.0, min(end, now) - start) for start, end in self._held_spans[i])
+        return held + (max(0.0, now - since) if since is not None else 0.0)
 
     def holding(self) -> int:
         return sum(1 for s in self.state if s != STOPPED)
@@ -128,7 +132,7 @@ class Lifecycle:
             if state == STOPPED:
                 since = self._held_since[i]
                 if since is not None:
-                    self._held_s[i] += now - since
+                    self._held_spans[i].append((since, now))
                 self._held_since[i] = None
             else:
                 self._held_since[i] = now
