@@ -34,6 +34,11 @@ the load now or more earns nothing; near the period's end the rule is the bank's
 consecutive ``slo_period_s`` of the clock the shell stamps its signals with (the twin: from the
 run's start).
 
+With ``slo_defer`` as well (:func:`deferral`) the period also times the purchases: a pool that
+can still end the period on target by buying later holds its size (the estimated terms and the KV
+term are capped at it), and goes one size down only where the bank pays for that size's worst
+window near the load now.
+
 State is a few floats per pool size; every function is pure.
 """
 
@@ -46,11 +51,13 @@ import msgspec
 from tokenplane.core.autoscale.signals import PoolSignal, PoolSpec
 
 __all__ = [
+    "Deferral",
     "SizeRecord",
     "SloBudget",
     "affordable_size",
     "band",
     "carried",
+    "deferral",
     "held_by_budget",
     "load",
     "observe_budget",
@@ -239,3 +246,86 @@ def held_by_budget(budget: SloBudget, n: int, signal: PoolSignal) -> bool:
     on the estimate (sizes below are unmeasured at this load)."""
     rec = budget.record(n + 1)
     return rec is not None and carried(rec, signal)
+
+
+def _mean_margin(rec: SizeRecord | None, signal: PoolSignal, target: float) -> float | None:
+    """A size's mean settled attainment over the target, if it was measured at the load now or more."""
+    if rec is None or not carried(rec, signal):
+        return None
+    mean = rec.mean_attainment()
+    return None if mean is None else mean - target
+
+
+class Deferral(msgspec.Struct, frozen=True):
+    """What ``slo_defer`` allows now: ``hold`` caps the estimated terms and the KV term at the pool
+    size now (a purchase can wait), else they go one size up at most; ``shrink`` whether the pool may
+    go one size down."""
+
+    hold: bool
+    shrink: bool
+
+
+NO_OPINION = Deferral(hold=False, shrink=True)
+
+
+def deferral(
+    budget: SloBudget,
+    n: int,
+    signal: PoolSignal,
+    *,
+    target: float,
+    horizon_s: float,
+    elapsed_s: float,
+    remaining_s: float,
+    interval_s: float,
+) -> Deferral:
+    """The ``slo_defer`` rule: the SLO is judged over a period, so a purchase can wait while the
+    period can still end on target if it is made later, and should, since what the pool measures in
+    the meantime may show that it is not needed (the replays' first minutes, a KV episode that ends
+    within a cold start).
+
+    The pool holds at ``n`` while either staying at ``n`` to the period's end ends on target (the
+    deficit now, ``target`` less the window's attainment, over the cold-start horizon at the rate
+    now and over the rest at the period's mean rate), or the latest time at which one size more
+    could still earn the shortfall back is more than a decision away. One size more earns its mean
+    settled attainment over the target when measured at the load now, else ``1 - target`` (an
+    instance more assumed to serve every request in time: the projection's only prior). A period
+    that no size measured or assumed can bring back on target gets no opinion (the other rules
+    decide, as without a period), and so does the last horizon of a period.
+
+    One size down is allowed when the bank covers, for a horizon, the worst window that size was
+    measured at near the load now and the size now earns the rest back over the period; a size never
+    measured at the load now, only when the bank covers a horizon of every request missed."""
+    rate = recent_rate(signal)
+    if rate <= 0 or remaining_s <= horizon_s + interval_s:
+        return NO_OPINION
+    mean_rate = budget.seen / elapsed_s if elapsed_s > 0 and budget.seen > 0 else rate
+    rest = remaining_s - horizon_s
+    bank = budget.banked(target)
+    lower = budget.record(n - 1)
+    here = _mean_margin(budget.record(n), signal, target)
+    if lower is None or not carried(lower, signal):
+        shrink = bank >= target * rate * horizon_s
+    else:
+        below = lower.worst_at(signal, load(signal)) - target
+        shrink = bank + min(0.0, below) * rate * horizon_s + max(0.0, here or 0.0) * mean_rate * rest >= 0
+    rec = budget.record(n)
+    attainment = signal.ttft_attainment
+    if attainment is None and rec is not None:
+        attainment = rec.mean_attainment()
+    if attainment is None:
+        return Deferral(hold=False, shrink=shrink)
+    above = _mean_margin(budget.record(n + 1), signal, target)
+    margin_up = 1.0 - target if above is None else above
+    deficit = target - attainment
+    now_cost = max(0.0, deficit) * rate * horizon_s
+    if bank - now_cost - deficit * mean_rate * rest >= 0:
+        return Deferral(hold=True, shrink=shrink)  # staying at n ends the period on target
+    if margin_up <= 0:
+        return Deferral(hold=False, shrink=shrink)
+    if bank - now_cost + max(-deficit, margin_up) * mean_rate * rest < 0:
+        return NO_OPINION  # lost at any size measured or assumed
+    if deficit + margin_up <= 0:
+        return Deferral(hold=True, shrink=shrink)  # one size more earns no more than this one
+    latest_s = (bank - now_cost + margin_up * mean_rate * rest) / (mean_rate * (deficit + margin_up))
+    return Deferral(hold=latest_s > interval_s, shrink=shrink)

@@ -57,9 +57,10 @@ true, ``burst_half_life_s`` (2 × ``stabilisation_s``), ``park_drained`` true, `
 
 Evidence rules (params, default false; ``bench/autoscale_suite.py`` turns all on):
 ``symmetric_bursts``, ``capacity_lower_bounds``, ``trust_latency``, ``queue_buffer``,
-``window_from_cold_start``, ``latency_queues``, ``warm_slo_share``, ``cancel_warming`` and
-``slo_budget``, each a rule read from what the pool measures; they are described in
-:mod:`.evidence` (``slo_budget`` in :mod:`.budget`).
+``window_from_cold_start``, ``latency_queues``, ``warm_slo_share``, ``cancel_warming``,
+``slo_budget`` and ``slo_defer``, each a rule read from what the pool measures; they are described
+in :mod:`.evidence` (``slo_budget`` in :mod:`.budget`, ``slo_defer``, which needs ``slo_budget``
+and ``slo_period_s``, in :func:`.budget.deferral`).
 
 Cost: two O(history) forecast passes and one pass over the serving instances per decision.
 
@@ -77,7 +78,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tokenplane.core.autoscale.base import AUTOSCALERS
-from tokenplane.core.autoscale.budget import affordable_size, held_by_budget
+from tokenplane.core.autoscale.budget import affordable_size, deferral, held_by_budget
 from tokenplane.core.autoscale.decision import ActionKind, Needs, ScaleDecision, ScaleReason
 from tokenplane.core.autoscale.evidence import cancellable_warming, queue_within_slo, recovered
 from tokenplane.core.autoscale.forecast import holt_forecast
@@ -240,6 +241,26 @@ class TokenplaneScaler:
             afford = (n if at_risk else size) if size is not None else 1 << 30
         else:
             afford = 1 << 30
+        shrink_ok = True
+        if p.slo_defer and p.slo_budget and p.slo_period_s is not None and n > 0:
+            # slo_defer (:func:`.budget.deferral`): while a purchase can wait for the period to tell
+            # whether it is needed, the estimated terms and the KV term hold at n; otherwise the KV
+            # term goes one size up at a time (the projection needs one more to earn the shortfall
+            # back, and KV use at 0.9+ asks for a third more at once).
+            into = now % p.slo_period_s
+            defer = deferral(
+                state.slo_budget,
+                n,
+                signal,
+                target=p.slo_target,
+                horizon_s=horizons(spec, p.decision_interval_s)[1],
+                elapsed_s=into,
+                remaining_s=p.slo_period_s - into,
+                interval_s=p.decision_interval_s,
+            )
+            afford = min(afford, n) if defer.hold else afford
+            kv_up = min(kv_up, n if defer.hold else n + 1)
+            shrink_ok = defer.shrink
         demand_up = min(demand_up, afford)
         held = False
         ceiling = state.capacity_rps.ceiling
@@ -305,6 +326,8 @@ class TokenplaneScaler:
             raw_down = min(raw_down, max(afford, lasting))
             if afford < n or held_by_budget(state.slo_budget, n, signal):
                 raw_down = max(raw_down, afford)
+        if not shrink_ok:  # slo_defer: the size below is not paid for
+            raw_down = max(raw_down, n)
         if not signal.arrivals:
             raw_down = max(raw_down, n)  # no complete bucket measured yet: nothing to size down on
 

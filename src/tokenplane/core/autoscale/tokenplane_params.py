@@ -49,6 +49,7 @@ class TokenplaneParams(msgspec.Struct, frozen=True):
     cancel_warming: bool = False
     slo_budget: bool = False
     slo_period_s: float | None = None  # None: the bank alone (see :mod:`.budget`)
+    slo_defer: bool = False  # with slo_period_s: see :func:`.budget.deferral`
 
     def __post_init__(self) -> None:
         if not 0 < self.target_utilisation <= 1:
@@ -116,6 +117,7 @@ BOOL_PARAMS = (
     "warm_slo_share",
     "cancel_warming",
     "slo_budget",
+    "slo_defer",
 )
 
 
