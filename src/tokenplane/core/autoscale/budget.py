@@ -278,6 +278,7 @@ def deferral(
     elapsed_s: float,
     remaining_s: float,
     interval_s: float,
+    short_by_estimate: bool = False,
 ) -> Deferral:
     """The ``slo_defer`` rule: the SLO is judged over a period, so a purchase can wait while the
     period can still end on target if it is made later, and should, since what the pool measures in
@@ -295,7 +296,12 @@ def deferral(
 
     One size down is allowed when the bank covers, for a horizon, the worst window that size was
     measured at near the load now and the size now earns the rest back over the period; a size never
-    measured at the load now, only when the bank covers a horizon of every request missed."""
+    measured at the load now, only when the bank covers a horizon of every request missed.
+
+    A size not yet measured at the load now that the capacity estimate calls short
+    (``short_by_estimate``) is not held: its window lags the queue it is building (a window counts
+    requests whose first token came; a pool of one at twice its capacity shows 0.98 for a minute),
+    so only a measured size's window vouches for it against the estimate."""
     rate = recent_rate(signal)
     if rate <= 0 or remaining_s <= horizon_s + interval_s:
         return NO_OPINION
@@ -310,6 +316,8 @@ def deferral(
         below = lower.worst_at(signal, load(signal)) - target
         shrink = bank + min(0.0, below) * rate * horizon_s + max(0.0, here or 0.0) * mean_rate * rest >= 0
     rec = budget.record(n)
+    if short_by_estimate and (rec is None or not carried(rec, signal)):
+        return Deferral(hold=False, shrink=shrink)
     attainment = signal.ttft_attainment
     if attainment is None and rec is not None:
         attainment = rec.mean_attainment()

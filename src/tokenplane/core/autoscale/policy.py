@@ -246,7 +246,8 @@ class TokenplaneScaler:
             # slo_defer (:func:`.budget.deferral`): while a purchase can wait for the period to tell
             # whether it is needed, the estimated terms and the KV term hold at n; otherwise the KV
             # term goes one size up at a time (the projection needs one more to earn the shortfall
-            # back, and KV use at 0.9+ asks for a third more at once).
+            # back, and KV use at 0.9+ asks for a third more at once). The demand estimate (before
+            # any cap) tells it whether the capacity learned so far calls n short.
             into = now % p.slo_period_s
             defer = deferral(
                 state.slo_budget,
@@ -257,6 +258,7 @@ class TokenplaneScaler:
                 elapsed_s=into,
                 remaining_s=p.slo_period_s - into,
                 interval_s=p.decision_interval_s,
+                short_by_estimate=demand_up > n,
             )
             afford = min(afford, n) if defer.hold else afford
             kv_up = min(kv_up, n if defer.hold else n + 1)
