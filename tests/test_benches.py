@@ -113,3 +113,26 @@ def test_autoscale_suite_compares_every_scaler_and_writes_scenarios_the_twin_run
     for label, outcome in outcomes.items():  # the file reproduces the suite's rows
         assert round(outcome.report["gpu_hours"], 4) == row[label]["gpu_hours"]
         assert round(outcome.report["ttft_slo_attainment"], 4) == row[label]["slo_attainment"]
+
+
+def test_autoscale_suite_ablates_a_rule_and_opens_every_scaler_at_a_given_size(tmp_path: Path) -> None:
+    """``--without RULE`` turns one of the tokenplane scaler's rules off in the scenario it writes
+    (a name it does not turn on is refused), and ``--start N`` opens every scaler at N."""
+    base = [sys.executable, str(SUITE), "--json", "--minutes", "2", "--only", "bursty-cv4"]
+    base += ["--traces", str(tmp_path / "none")]
+    proc = subprocess.run(
+        [*base, "--without", "slo_defer", "--start", "2", "--write-scenarios", str(tmp_path / "sc")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = {
+        r["name"]: r["autoscaler"]
+        for r in yaml.safe_load((tmp_path / "sc" / "bursty-cv4.yaml").read_text())["runs"]
+    }
+    assert runs["tokenplane"]["params"]["slo_defer"] is False
+    assert runs["tokenplane"]["params"]["slo_budget"] is True
+    assert {a["initial_serving"] for a in runs.values()} == {2}
+    bad = subprocess.run([*base, "--without", "slo_nonsense"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "slo_nonsense" in bad.stderr
