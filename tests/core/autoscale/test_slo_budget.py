@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from autoscale_state import BUDGET_RULES, scaler_in_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenplane.core.autoscale import PoolSignal, PoolSpec, ScaleReason, TokenplaneParams, TokenplaneScaler
+from tokenplane.core.autoscale import PoolSignal, PoolSpec, ScaleReason, TokenplaneScaler
 from tokenplane.core.autoscale.budget import (
     SizeRecord,
     SloBudget,
@@ -23,19 +24,11 @@ from tokenplane.core.autoscale.budget import (
     recent_rate,
 )
 from tokenplane.core.autoscale.burst import BurstMemory, RiseSample
-from tokenplane.core.autoscale.scaler_state import ScalerState
 from tokenplane.core.autoscale.signals import prompt_tokens_rate
 from tokenplane.core.views import InstanceView
 
 SPEC = PoolSpec(max_instances=24, capacity_rps=2.0, cold_start_s=60.0, warm_activation_s=5.0, ttft_slo_s=5.0)
-RULES = TokenplaneParams(
-    target_utilisation=1.0,
-    capacity_lower_bounds=True,
-    trust_latency=True,
-    window_from_cold_start=True,
-    latency_queues=True,
-    slo_budget=True,
-)
+RULES = BUDGET_RULES
 
 
 def pool(n: int, *, rate: float, tokens: float | None, attainment: float, now: float = 1000.0) -> PoolSignal:
@@ -126,16 +119,8 @@ def test_a_size_is_not_recorded_before_it_has_settled() -> None:
 
 
 def scaler_with(budget: SloBudget) -> TokenplaneScaler:
-    scaler = TokenplaneScaler(RULES)
     # A learned capacity of 1.9 req/s per instance: the estimate alone keeps 8 for 14.5 req/s.
-    state = ScalerState(first_decision_s=0.0, slo_budget=budget)
-    scaler._state = msgspec.structs.replace(  # the state a run would have reached; decide reads it
-        state,
-        capacity_rps=msgspec.structs.replace(
-            state.capacity_rps, value=1.9, observations=5, weight=5.0, ceiling=1.9
-        ),
-    )
-    return scaler
+    return scaler_in_state(RULES, budget, capacity_rps=1.9)
 
 
 def test_a_banked_margin_pays_for_one_instance_fewer_and_a_failing_window_brings_it_back() -> None:

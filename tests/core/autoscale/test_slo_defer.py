@@ -5,12 +5,12 @@ pool goes one size down only when the bank pays for it, and a lost period gets n
 from __future__ import annotations
 
 import msgspec
+from autoscale_state import BUDGET_RULES, scaler_in_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenplane.core.autoscale import PoolSignal, PoolSpec, TokenplaneParams, TokenplaneScaler
 from tokenplane.core.autoscale.budget import NO_OPINION, Deferral, SizeRecord, SloBudget, deferral
-from tokenplane.core.autoscale.scaler_state import ScalerState
 from tokenplane.core.views import InstanceView
 
 SPEC = PoolSpec(max_instances=24, capacity_rps=2.0, cold_start_s=60.0, warm_activation_s=5.0, ttft_slo_s=5.0)
@@ -139,27 +139,11 @@ def test_more_banked_never_buys_sooner_nor_forbids_a_shrink_in_a_period_still_op
     assert high.shrink or not low.shrink or low == NO_OPINION
 
 
-RULES = TokenplaneParams(
-    target_utilisation=1.0,
-    capacity_lower_bounds=True,
-    trust_latency=True,
-    window_from_cold_start=True,
-    latency_queues=True,
-    slo_budget=True,
-    slo_period_s=1600.0,
-)
+RULES = msgspec.structs.replace(BUDGET_RULES, slo_period_s=1600.0)
 
 
 def scaler(params: TokenplaneParams, budget: SloBudget) -> TokenplaneScaler:
-    s = TokenplaneScaler(params)
-    state = ScalerState(first_decision_s=0.0, slo_budget=budget)
-    s._state = msgspec.structs.replace(  # the state a run would have reached; decide reads it
-        state,
-        capacity_rps=msgspec.structs.replace(
-            state.capacity_rps, value=2.0, observations=5, weight=5.0, ceiling=2.0
-        ),
-    )
-    return s
+    return scaler_in_state(params, budget, capacity_rps=2.0)
 
 
 def test_kv_pressure_on_a_pool_on_course_waits_and_one_behind_goes_one_size_up() -> None:
