@@ -308,14 +308,13 @@ def deferral(
     mean_rate = budget.seen / elapsed_s if elapsed_s > 0 and budget.seen > 0 else rate
     rest = remaining_s - horizon_s
     bank = budget.banked(target)
-    lower = budget.record(n - 1)
-    here = _mean_margin(budget.record(n), signal, target)
+    lower, rec = budget.record(n - 1), budget.record(n)
+    here = _mean_margin(rec, signal, target)
     if lower is None or not carried(lower, signal):
         shrink = bank >= target * rate * horizon_s
     else:
         below = lower.worst_at(signal, load(signal)) - target
         shrink = bank + min(0.0, below) * rate * horizon_s + max(0.0, here or 0.0) * mean_rate * rest >= 0
-    rec = budget.record(n)
     if short_by_estimate and (rec is None or not carried(rec, signal)):
         return Deferral(hold=False, shrink=shrink)
     attainment = signal.ttft_attainment

@@ -231,6 +231,7 @@ class TokenplaneScaler:
         demand_up = demand_need(u)
         # slo_budget (:mod:`.budget`): the estimated terms (demand, queue, warm pool) are capped at the
         # smallest size the run's banked SLO margin pays for; the measured ones (SLO, KV) are not.
+        shrink_ok = True
         if p.slo_budget and n > 0:
             h_cold = horizons(spec, p.decision_interval_s)[1]
             period = p.slo_period_s
@@ -239,30 +240,29 @@ class TokenplaneScaler:
                 state.slo_budget, n, signal, target=p.slo_target, horizon_s=h_cold, remaining_s=remaining
             )
             afford = (n if at_risk else size) if size is not None else 1 << 30
+            if p.slo_defer and period is not None and remaining is not None:
+                # slo_defer (:func:`.budget.deferral`): while a purchase can wait for the period to
+                # tell whether it is needed, the estimated terms and the KV term hold at n; otherwise
+                # the KV term goes one size up at a time (the projection needs one more to earn the
+                # shortfall back, and KV use at 0.9+ asks for a third more at once). The demand
+                # estimate (before any cap) tells it whether the capacity learned so far calls n short.
+                defer = deferral(
+                    state.slo_budget,
+                    n,
+                    signal,
+                    target=p.slo_target,
+                    horizon_s=h_cold,
+                    elapsed_s=period - remaining,
+                    remaining_s=remaining,
+                    interval_s=p.decision_interval_s,
+                    short_by_estimate=demand_up > n,
+                )
+                if defer.hold:
+                    afford = min(afford, n)
+                kv_up = min(kv_up, n if defer.hold else n + 1)
+                shrink_ok = defer.shrink
         else:
             afford = 1 << 30
-        shrink_ok = True
-        if p.slo_defer and p.slo_budget and p.slo_period_s is not None and n > 0:
-            # slo_defer (:func:`.budget.deferral`): while a purchase can wait for the period to tell
-            # whether it is needed, the estimated terms and the KV term hold at n; otherwise the KV
-            # term goes one size up at a time (the projection needs one more to earn the shortfall
-            # back, and KV use at 0.9+ asks for a third more at once). The demand estimate (before
-            # any cap) tells it whether the capacity learned so far calls n short.
-            into = now % p.slo_period_s
-            defer = deferral(
-                state.slo_budget,
-                n,
-                signal,
-                target=p.slo_target,
-                horizon_s=horizons(spec, p.decision_interval_s)[1],
-                elapsed_s=into,
-                remaining_s=p.slo_period_s - into,
-                interval_s=p.decision_interval_s,
-                short_by_estimate=demand_up > n,
-            )
-            afford = min(afford, n) if defer.hold else afford
-            kv_up = min(kv_up, n if defer.hold else n + 1)
-            shrink_ok = defer.shrink
         demand_up = min(demand_up, afford)
         held = False
         ceiling = state.capacity_rps.ceiling
