@@ -33,6 +33,8 @@ EVIDENCE = TokenplaneParams(
     warm_slo_share=True,
     cancel_warming=True,
     slo_budget=True,
+    slo_defer=True,
+    slo_period_s=3600.0,  # the suite passes each run's length; slo_defer reads nothing without one
 )
 
 fractions = st.floats(0.0, 1.0, allow_nan=False)
