@@ -249,7 +249,9 @@ def _in_memory_client(answer: list[bytes]) -> UpstreamClient:
     """The hot-path client, its connections answered in memory (the real parser reads the
     answer), a read per loop iteration."""
 
-    async def connect(loop: asyncio.AbstractEventLoop, conn: Any, host: str, port: int) -> None:
+    async def connect(
+        loop: asyncio.AbstractEventLoop, conn: Any, host: str, port: int, timeout_s: float | None
+    ) -> None:
         def deliver(i: int) -> None:
             conn.data_received(answer[i])
             if i + 1 < len(answer):

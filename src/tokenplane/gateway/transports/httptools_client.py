@@ -36,6 +36,7 @@ from tokenplane.gateway.transports.httptools_connection import (
     UpstreamConnectionError,
     _Connection,
 )
+from tokenplane.gateway.transports.tcp_connect import open_tcp
 from tokenplane.gateway.upstreams import Upstream
 
 __all__ = [
@@ -146,15 +147,10 @@ class UpstreamResponse:
             t.close()
 
 
-Connector = Callable[[asyncio.AbstractEventLoop, asyncio.Protocol, str, int], Awaitable[object]]
-"""Opens a connection to ``(host, port)`` whose protocol is the given one (TCP by default; a
-benchmark hands in memory transports instead)."""
-
-
-def _tcp_connector(
-    loop: asyncio.AbstractEventLoop, protocol: asyncio.Protocol, host: str, port: int
-) -> Awaitable[object]:
-    return loop.create_connection(lambda: protocol, host, port)
+Connector = Callable[[asyncio.AbstractEventLoop, asyncio.Protocol, str, int, float | None], Awaitable[object]]
+"""Opens a connection to ``(host, port)`` whose protocol is the given one, within the timeout
+(TCP by default, :func:`~tokenplane.gateway.transports.tcp_connect.open_tcp`; a benchmark hands in
+memory transports instead)."""
 
 
 class UpstreamClient:
@@ -171,7 +167,7 @@ class UpstreamClient:
         self.read_timeout_s = read_timeout_s
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._closed = False
-        self._connector = connector or _tcp_connector
+        self._connector = connector or open_tcp
 
     def _put(self, conn: _Connection) -> None:
         idle = self._idle.setdefault(conn.key, [])
@@ -185,14 +181,13 @@ class UpstreamClient:
     async def _connect(self, key: tuple[str, int]) -> _Connection:
         loop = asyncio.get_running_loop()
         conn = _Connection(loop, key)
-        coro = self._connector(loop, conn, key[0], key[1])
         try:
-            if self.connect_timeout_s is None:
-                await coro
-            else:
-                await asyncio.wait_for(coro, self.connect_timeout_s)
-        except OSError as exc:
-            raise UpstreamConnectionError(f"cannot connect to {key[0]}:{key[1]}: {exc}") from None
+            await self._connector(loop, conn, key[0], key[1], self.connect_timeout_s)
+        except OSError as exc:  # TimeoutError included
+            t = self.connect_timeout_s
+            ours = isinstance(exc, TimeoutError) and exc.errno is None and t is not None
+            detail = f"no handshake within {t:g} s" if ours else str(exc)
+            raise UpstreamConnectionError(f"cannot connect to {key[0]}:{key[1]}: {detail}") from None
         return conn
 
     def _take(self, key: tuple[str, int]) -> _Connection | None:
