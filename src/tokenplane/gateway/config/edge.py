@@ -52,6 +52,8 @@ class LimitsConfig(Strict):
     max_prompt_tokens: int = Field(DEFAULT_MAX_PROMPT_TOKENS, ge=1)
     upstream_timeout_s: float = Field(DEFAULT_UPSTREAM_TIMEOUT_S, gt=0)
     connect_timeout_s: float = Field(DEFAULT_CONNECT_TIMEOUT_S, gt=0)
+    """Bounds the TCP handshake with an instance on the request path. A handshake the kernel
+    finished while the gateway's loop was stalled counts as made (transports/tcp_connect.py)."""
 
 
 class DrainConfig(Strict):
