@@ -218,9 +218,15 @@ async def test_upstream_400_passes_through(upstreams, gateway) -> None:
 async def test_upstream_unreachable_is_502(upstreams, gateway) -> None:
     ups = await upstreams(1)
     gw = await gateway(ups, health={"interval_s": 60})
+    port = ups[0].url.rsplit(":", 1)[1]
     await ups[0].close()
     status, err, _ = await gw.post(CHAT, _m())
     assert status == 502 and err["error"]["type"] == "upstream_error"
+    # The client is told which instance, not its address; the operator's view says what happened.
+    assert err["error"]["message"] == "instance up-0 is unreachable: UpstreamConnectionError", err
+    last_error = (await gw.instances())["up-0"]["last_error"]
+    detail = f" (cannot connect to 127.0.0.1:{port}: "
+    assert last_error.startswith(err["error"]["message"] + detail), last_error
 
 
 async def test_upstream_timeout_is_504(upstreams, gateway) -> None:

@@ -86,12 +86,20 @@ class GatewayError(Exception):
         code: str | None = None,
         param: str | None = None,
         retry_after_s: float | None = None,
+        detail: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code if code is not None else self.default_code
         self.param = param
         self.retry_after_s = retry_after_s
+        self.detail = detail
+
+    @property
+    def reason(self) -> str:
+        """The message with its ``detail``, for operators (logs, ``GET /v1/instances``): the detail
+        may name an instance's address, which the client's message does not."""
+        return self.message if self.detail is None else f"{self.message} ({self.detail})"
 
     @property
     def outcome(self) -> str:

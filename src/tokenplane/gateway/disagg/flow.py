@@ -214,7 +214,7 @@ class Disaggregate:
                 except KvTransferFailed as exc:  # the KV is gone with its prefill: prefill again
                     assert prefill is not None
                     metrics.count(model.name, "kv_transfer_failed")
-                    self.pool.record_failure(prefill, exc.message)
+                    self.pool.record_failure(prefill, exc.reason)
                     error = exc
                     outcome = AttemptOutcome(
                         AttemptResult.FAILED_BEFORE_FIRST_BYTE, prefill.id, 0, time.monotonic()

@@ -106,7 +106,7 @@ class Prefills:
                 if isinstance(exc, UpstreamTimeout):
                     result = AttemptResult.TIMEOUT
                 if not (isinstance(exc, UpstreamTimeout) and upstream.answered_since(started)):
-                    self.pool.record_failure(upstream, exc.message)
+                    self.pool.record_failure(upstream, exc.reason)
                 return PrefillFailed(_outcome(result, upstream, started), exc)
             except GatewayError as exc:  # an instance's 4xx that is not an OpenAI error
                 result = AttemptResult.OK
@@ -121,7 +121,7 @@ class Prefills:
             got = kv.handover(data)
             if isinstance(got, str):
                 error = KvHandoverInvalid(f"prefill instance {upstream.id}: {got}")
-                self.pool.record_failure(upstream, error.message)
+                self.pool.record_failure(upstream, error.reason)
                 return PrefillFailed(_outcome(result, upstream, started), error)
             result = AttemptResult.OK
             upstream.record_success()
@@ -152,7 +152,9 @@ async def _read(resp: UpstreamReply, upstream: Upstream) -> bytes:
     except TimeoutError:
         raise UpstreamTimeout(f"prefill instance {upstream.id} did not finish in time") from None
     except (aiohttp.ClientError, OSError) as exc:
-        raise UpstreamUnavailable(f"prefill instance {upstream.id} broke off: {type(exc).__name__}") from None
+        raise UpstreamUnavailable(
+            f"prefill instance {upstream.id} broke off: {type(exc).__name__}", detail=str(exc) or None
+        ) from None
 
 
 def _outcome(result: AttemptResult, upstream: Upstream, started: float) -> AttemptOutcome:

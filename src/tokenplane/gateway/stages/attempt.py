@@ -149,7 +149,7 @@ class Attempts:
                     result = AttemptResult.TIMEOUT
                     if upstream.answered_since(started):  # it answered others meanwhile
                         return _outcome(result, upstream, 0, None), None, exc
-                self.pool.record_failure(upstream, exc.message)
+                self.pool.record_failure(upstream, exc.reason)
                 return _outcome(result, upstream, 0, None), None, exc
             except GatewayError:  # an instance's 4xx that is not an OpenAI error: the caller's fault
                 result = AttemptResult.OK
@@ -173,7 +173,7 @@ class Attempts:
                 result = AttemptResult.FAILED_MID_STREAM
                 failure = end.failure
                 if not (isinstance(failure, UpstreamStalled) and failure.busy):  # else: busy, not down
-                    self.pool.record_failure(upstream, failure.message)
+                    self.pool.record_failure(upstream, failure.reason)
                 return _outcome(result, upstream, delivered, latency), splicer.out, end.failure
             result = AttemptResult.OK
             if not end.client_gone:
