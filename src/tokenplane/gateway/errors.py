@@ -254,6 +254,11 @@ class UpstreamError(GatewayError):
 class UpstreamUnavailable(UpstreamError):
     default_code = "upstream_unavailable"
 
+    @classmethod
+    def caused_by(cls, what: str, exc: BaseException) -> UpstreamUnavailable:
+        """``what`` and the error's class for the client; the error's own words as the detail."""
+        return cls(f"{what}: {type(exc).__name__}", detail=str(exc) or None)
+
 
 class UpstreamProtocolError(UpstreamError):
     default_code = "upstream_protocol_error"

@@ -80,9 +80,7 @@ async def open_upstream(
             raise UpstreamTimeout(f"instance {upstream.id} sent no response headers in time") from None
         raise UpstreamTimeout(f"instance {upstream.id} did not answer in time") from None
     except (aiohttp.ClientError, OSError) as exc:
-        raise UpstreamUnavailable(
-            f"instance {upstream.id} is unreachable: {type(exc).__name__}", detail=str(exc) or None
-        ) from None
+        raise UpstreamUnavailable.caused_by(f"instance {upstream.id} is unreachable", exc) from None
 
 
 async def rejection(resp: UpstreamReply, upstream: Upstream) -> web.Response:
@@ -117,9 +115,7 @@ async def read_json(resp: UpstreamReply, ex: RequestContext, upstream: Upstream)
     except TimeoutError:
         raise UpstreamTimeout(f"instance {upstream.id} did not finish in time") from None
     except (aiohttp.ClientError, OSError) as exc:
-        raise UpstreamUnavailable(
-            f"instance {upstream.id} broke off: {type(exc).__name__}", detail=str(exc) or None
-        ) from None
+        raise UpstreamUnavailable.caused_by(f"instance {upstream.id} broke off", exc) from None
     upstream.heard_at = time.monotonic()
     try:
         usage = decode_usage(data).usage
@@ -233,9 +229,7 @@ class SseReader:
             except TimeoutError:
                 return self._stalled()
             except (aiohttp.ClientError, OSError) as exc:
-                return UpstreamUnavailable(
-                    f"instance {upstream.id} broke the stream: {type(exc).__name__}", detail=str(exc) or None
-                )
+                return UpstreamUnavailable.caused_by(f"instance {upstream.id} broke the stream", exc)
             if not data:
                 return UpstreamProtocolError(f"instance {upstream.id} closed the stream before [DONE]")
             self.heard()

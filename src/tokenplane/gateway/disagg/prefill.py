@@ -152,9 +152,7 @@ async def _read(resp: UpstreamReply, upstream: Upstream) -> bytes:
     except TimeoutError:
         raise UpstreamTimeout(f"prefill instance {upstream.id} did not finish in time") from None
     except (aiohttp.ClientError, OSError) as exc:
-        raise UpstreamUnavailable(
-            f"prefill instance {upstream.id} broke off: {type(exc).__name__}", detail=str(exc) or None
-        ) from None
+        raise UpstreamUnavailable.caused_by(f"prefill instance {upstream.id} broke off", exc) from None
 
 
 def _outcome(result: AttemptResult, upstream: Upstream, started: float) -> AttemptOutcome:

@@ -183,11 +183,8 @@ class UpstreamClient:
         conn = _Connection(loop, key)
         try:
             await self._connector(loop, conn, key[0], key[1], self.connect_timeout_s)
-        except OSError as exc:  # TimeoutError included
-            t = self.connect_timeout_s
-            ours = isinstance(exc, TimeoutError) and exc.errno is None and t is not None
-            detail = f"no handshake within {t:g} s" if ours else str(exc)
-            raise UpstreamConnectionError(f"cannot connect to {key[0]}:{key[1]}: {detail}") from None
+        except OSError as exc:  # TimeoutError included: the connector names what timed out
+            raise UpstreamConnectionError(f"cannot connect to {key[0]}:{key[1]}: {exc}") from None
         return conn
 
     def _take(self, key: tuple[str, int]) -> _Connection | None:

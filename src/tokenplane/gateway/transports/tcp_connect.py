@@ -36,7 +36,10 @@ async def _addresses(
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
-        infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout_s)
+        try:
+            infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"{host} not resolved within {timeout_s:g} s") from None
         return [(family, kind, proto, address) for family, kind, proto, _, address in infos]
     if ip.version == 4:
         return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, (host, port))]
@@ -46,11 +49,9 @@ async def _addresses(
 async def _handshake(
     loop: asyncio.AbstractEventLoop, sock: socket.socket, address: Address, deadline: float | None
 ) -> None:
-    if deadline is None:
-        await loop.sock_connect(sock, address)
-        return
+    left = None if deadline is None else max(0.0, deadline - loop.time())
     try:
-        await asyncio.wait_for(loop.sock_connect(sock, address), max(0.0, deadline - loop.time()))
+        await asyncio.wait_for(loop.sock_connect(sock, address), left)
     except TimeoutError:
         if not connected(sock):
             raise
@@ -61,7 +62,7 @@ async def open_tcp(
 ) -> None:
     """Connect ``protocol`` to ``(host, port)``: each resolved address in turn until one answers,
     all within ``timeout_s`` (resolution included). Raises ``OSError``: the last address's error, or
-    ``TimeoutError`` when no handshake finished in time."""
+    ``TimeoutError`` naming what did not finish in time (the resolution or the handshake)."""
     deadline = None if timeout_s is None else loop.time() + timeout_s
     candidates = await _addresses(loop, host, port, timeout_s)
     if not candidates:
@@ -74,6 +75,10 @@ async def open_tcp(
             await _handshake(loop, sock, address, deadline)
             await loop.create_connection(lambda: protocol, sock=sock)
             return
+        except TimeoutError as exc:
+            sock.close()
+            # The deadline's own (no errno), named; the OS's ETIMEDOUT keeps its message.
+            error = exc if exc.errno is not None else TimeoutError(f"no handshake within {timeout_s:g} s")
         except OSError as exc:
             sock.close()
             error = exc
